@@ -1,0 +1,39 @@
+# From a fresh clone, `make demo` and `make test` do all the set-up themselves.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+JOBS   ?= 2
+
+.PHONY: install demo test test-all orders bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[test,bench]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## The main job: simulate, measure orders, write figures and a summary to out/.
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+## The default suite (float64, CPU): under 10 minutes on 2 cores.
+test: $(STAMP)
+	$(BIN)/python -m pytest -n $(JOBS) -q
+
+## Everything, including the long verification runs marked `slow`.
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -n $(JOBS) -q -m ""
+
+## Print the measured convergence-order table of every preset.
+orders: $(STAMP)
+	$(BIN)/python examples/order_table.py
+
+## Peer benchmarks (diffrax, scipy): JSON + PNG in benchmarks/results/.
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

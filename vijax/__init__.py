@@ -1,0 +1,19 @@
+"""vijax: structure-preserving integrators for mechanical systems, in JAX.
+
+vijax never changes global JAX configuration: enable float64 yourself with
+``jax.config.update("jax_enable_x64", True)``; the library follows the dtype of its inputs.
+"""
+
+from . import diagnostics, solvers, systems, tableaus
+from .integrators import AbstractIntegrator, AbstractState, VPRK, VPRKState
+from .simulate import Solution, StepStats, simulate
+from .solvers import ConvergenceError
+from .systems import LagrangianSystem, MechanicalSystem
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "simulate", "Solution", "StepStats", "LagrangianSystem", "MechanicalSystem",
+    "AbstractIntegrator", "AbstractState", "VPRK", "VPRKState", "ConvergenceError",
+    "tableaus", "solvers", "systems", "diagnostics",
+]

@@ -1,0 +1,205 @@
+"""Verification tools: energy behaviour, convergence orders, symplecticity defects."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "energy",
+    "energy_error",
+    "OrderEstimate",
+    "estimate_order",
+    "DriftFit",
+    "drift",
+    "symplecticity_defect",
+    "euler_lagrange_rhs",
+    "reference_solution",
+    "ConvergenceStudy",
+    "convergence_study",
+]
+
+
+def energy(system, sol):
+    """Energy ``E(q, v)`` at every saved point of a :class:`~vijax.Solution`."""
+    return jax.vmap(system.energy)(sol.q, sol.v)
+
+
+def energy_error(system, sol, relative: bool = False):
+    """``E(t) - E(t0)`` (divided by ``|E(t0)|`` when ``relative``)."""
+    e = energy(system, sol)
+    err = e - e[0]
+    return err / jnp.abs(e[0]) if relative else err
+
+
+class OrderEstimate(NamedTuple):
+    order: float            # least-squares slope of log(error) against log(h)
+    used: np.ndarray        # mask of the points kept in the fit
+    intercept: float
+
+
+def estimate_order(hs: Sequence[float], errors: Sequence[float], *,
+                   floor: float | None = None) -> OrderEstimate:
+    """Convergence order as the least-squares slope of ``log(error)`` vs ``log(h)``.
+
+    Points on the round-off plateau are dropped: errors below ``floor`` (default
+    ``1e3 * eps(float64)`` times the largest error's scale, i.e. about 2e-13 for unit-size
+    errors) and, walking from large to small ``h``, every point after the error stops
+    decreasing by at least 20 %.  At least two points must remain.
+    """
+    hs = np.asarray(hs, dtype=np.float64)
+    errors = np.asarray(errors, dtype=np.float64)
+    if hs.shape != errors.shape or hs.ndim != 1 or hs.size < 2:
+        raise ValueError("hs and errors must be 1-D sequences of equal length >= 2.")
+    order = np.argsort(-hs)
+    hs, errors = hs[order], errors[order]
+    if floor is None:
+        floor = 1e3 * np.finfo(np.float64).eps
+    used = np.isfinite(errors) & (errors > floor)
+    for i in range(1, len(errors)):
+        if used[i] and not errors[i] < 0.8 * errors[i - 1]:
+            used[i:] = False
+            break
+    if used.sum() < 2:
+        raise ValueError(f"fewer than two points above the round-off floor {floor:.1e}: "
+                         f"errors = {errors}; use larger step sizes.")
+    slope, intercept = np.polyfit(np.log(hs[used]), np.log(errors[used]), 1)
+    inv = np.empty_like(order)
+    inv[order] = np.arange(order.size)
+    return OrderEstimate(float(slope), used[inv], float(intercept))
+
+
+class DriftFit(NamedTuple):
+    slope: float        # fitted d(error)/dt
+    stderr: float       # standard error of the slope (ordinary least squares)
+    bound: float        # max |error|
+
+    @property
+    def t_statistic(self) -> float:
+        return self.slope / self.stderr if self.stderr > 0 else 0.0
+
+
+def drift(t, err, *, n_blocks: int = 50) -> DriftFit:
+    """Linear drift of an error signal (e.g. energy error) over time.
+
+    The signal is averaged over ``n_blocks`` equal blocks before fitting so that the fast
+    oscillations of a bounded error do not masquerade as independent noise; the slope is
+    then statistically zero for a bounded error (``|t_statistic|`` small) and clearly
+    nonzero for a drifting one.
+    """
+    t = np.asarray(t, dtype=np.float64)
+    err = np.asarray(err, dtype=np.float64)
+    n = (t.size // n_blocks) * n_blocks
+    tb = t[:n].reshape(n_blocks, -1).mean(axis=1)
+    eb = err[:n].reshape(n_blocks, -1).mean(axis=1)
+    design = np.stack([tb, np.ones_like(tb)], axis=1)
+    coef, res, *_ = np.linalg.lstsq(design, eb, rcond=None)
+    resid = eb - design @ coef
+    sigma2 = resid @ resid / max(n_blocks - 2, 1)
+    cov = sigma2 * np.linalg.inv(design.T @ design)
+    return DriftFit(float(coef[0]), float(np.sqrt(cov[0, 0])), float(np.max(np.abs(err))))
+
+
+def symplecticity_defect(system, integrator, state, h) -> jax.Array:
+    """``max |J^T Omega J - Omega|`` for the one-step map ``(q, p) -> (q', p')``.
+
+    ``J`` is the Jacobian of :meth:`integrator.step` by :func:`jax.jacfwd` (through the
+    implicit function theorem at the converged stage solution).
+    """
+    n = state.q.shape[0]
+
+    def flow(z):
+        new, _ = integrator.step(system, eqx.tree_at(lambda s: (s.q, s.p), state, (z[:n], z[n:])), h)
+        return jnp.concatenate([new.q, new.p])
+
+    z = jnp.concatenate([state.q, state.p])
+    jac = jax.jacfwd(flow)(z)
+    eye = jnp.eye(n, dtype=z.dtype)
+    zero = jnp.zeros((n, n), dtype=z.dtype)
+    omega = jnp.block([[zero, eye], [-eye, zero]])
+    return jnp.max(jnp.abs(jac.T @ omega @ jac - omega))
+
+
+
+def euler_lagrange_rhs(system):
+    """First-order form ``(q, v)' = (v, a)`` of the Euler--Lagrange equations, by autodiff:
+    ``d2L/dv2 a = D1L - (d2L/dv dq) v``.  Used for reference solutions."""
+
+    def rhs(q, v):
+        hess = system.velocity_hessian(q, v)
+        mixed = jax.jacfwd(system.momentum, argnums=0)(q, v)
+        a = jnp.linalg.solve(hess, system.d1_lagrangian(q, v) - mixed @ v)
+        return v, a
+
+    return rhs
+
+
+def reference_solution(system, q0, v0, t_final, *, rtol: float = 1e-13, atol: float = 1e-15):
+    """High-accuracy ``(q, v, p)`` at ``t_final`` from scipy's DOP853 on the Euler--Lagrange
+    equations (an independent reference for convergence studies; needs ``scipy``)."""
+    try:
+        from scipy.integrate import solve_ivp
+    except ImportError as err:  # pragma: no cover - exercised only without the extra
+        raise ImportError("reference_solution needs scipy: pip install 'vijax[bench]'") from err
+    n = np.asarray(q0).shape[0]
+    rhs = euler_lagrange_rhs(system)
+    f = jax.jit(lambda y: jnp.concatenate(rhs(y[:n], y[n:])))
+    y0 = np.concatenate([np.asarray(q0, np.float64), np.asarray(v0, np.float64)])
+    out = solve_ivp(lambda t, y: np.asarray(f(jnp.asarray(y))), (0.0, float(t_final)), y0,
+                    method="DOP853", rtol=rtol, atol=atol)
+    if not out.success:
+        raise RuntimeError(f"reference integration failed: {out.message}")
+    y = out.y[:, -1]
+    q, v = y[:n], y[n:]
+    p = np.asarray(system.momentum(jnp.asarray(q), jnp.asarray(v)))
+    return q, v, p
+
+
+class ConvergenceStudy(NamedTuple):
+    hs: np.ndarray
+    err_q: np.ndarray
+    err_p: np.ndarray
+    order_q: float
+    order_p: float
+
+
+def convergence_study(system, integrator, q0, v0, t_final, n_steps_list,
+                      reference=None) -> ConvergenceStudy:
+    """Global errors at ``t_final`` (max-norm in ``q`` and ``p``) for each step count, and the
+    fitted orders (:func:`estimate_order`).  ``reference`` is ``(q, v, p)`` at ``t_final``
+    (default: :func:`reference_solution`)."""
+    if reference is None:
+        reference = reference_solution(system, q0, v0, t_final)
+    q_ref, _, p_ref = (np.asarray(x) for x in reference)
+    q0 = jnp.asarray(q0)
+    v0 = jnp.asarray(v0, q0.dtype)
+    hs, eq, ep = [], [], []
+    for n in n_steps_list:
+        h = t_final / n
+        state, ok = _advance(system, integrator, q0, v0, jnp.asarray(h, q0.dtype), int(n))
+        if not bool(ok):
+            raise RuntimeError(f"{integrator.name}: a stage solve did not converge (h = {h}).")
+        hs.append(h)
+        eq.append(np.max(np.abs(np.asarray(state.q) - q_ref)))
+        ep.append(np.max(np.abs(np.asarray(state.p) - p_ref)))
+    hs, eq, ep = np.array(hs), np.array(eq), np.array(ep)
+    return ConvergenceStudy(hs, eq, ep, estimate_order(hs, eq).order,
+                            estimate_order(hs, ep).order)
+
+
+@eqx.filter_jit
+def _advance(system, integrator, q0, v0, h, n):
+    """``n`` steps with a dynamic trip count: one compilation serves every step size (forward
+    only; :func:`vijax.simulate` is the differentiable driver)."""
+
+    def body(_, carry):
+        state, ok = carry
+        state, stats = integrator.step(system, state, h)
+        return state, ok & stats.converged
+
+    state = integrator.init(system, jnp.zeros((), q0.dtype), q0, v0)
+    return jax.lax.fori_loop(0, n, body, (state, jnp.asarray(True)))

@@ -1,0 +1,181 @@
+"""Variational partitioned Runge--Kutta integrators (spec 000 §4.2; seed 000, Thm 4.2, eq. (9)).
+
+Stationarity of the discrete Hamilton--Pontryagin action (seed 000, eq. (8)) gives, per step,
+
+    Q^i = q_k + h sum_j a_ij V^j,          P^i = p_k + h sum_j â_ij W^j,
+    W^i = D1L(Q^i, V^i),                    P^i = D2L(Q^i, V^i),
+    q_{k+1} = q_k + h sum_j b_j V^j,        p_{k+1} = p_k + h sum_j b_j W^j,
+
+with ``(a, b)`` any Runge--Kutta tableau and ``(â, b)`` its symplectic conjugate
+``b_i â_ij + b_j a_ji = b_i b_j``.  The unknowns are the stage velocities ``V`` (``s n``
+equations ``D2L(Q^i, V^i) - P^i = 0``).  The map ``(q_k, p_k) -> (q_{k+1}, p_{k+1})`` is
+symplectic, and its order is that of the tableau: ``2s`` for Gauss, ``2s - 2`` for
+Lobatto IIIA--IIIB.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+import numpy as np
+from jaxtyping import Array, Float
+
+from .. import tableaus as tb
+from ..solvers import AbstractRootSolver, FixedPoint
+from ._base import AbstractIntegrator, AbstractState
+
+__all__ = ["VPRK", "VPRKState"]
+
+_CONJUGACY_TOL = 1e-12
+
+
+class VPRKState(AbstractState):
+    """``(t, q, p)`` plus the last step's stage velocities (the next step's predictor)."""
+
+    t: Float[Array, ""]
+    q: Float[Array, " n"]
+    p: Float[Array, " n"]
+    stages: Float[Array, "s n"]
+
+
+def _as_pair(tableau) -> tb.PartitionedTableau:
+    if isinstance(tableau, tb.PartitionedTableau):
+        defect = tableau.symplectic_defect()
+        if not defect <= _CONJUGACY_TOL:
+            raise ValueError(
+                f"VPRK needs a symplectic-conjugate pair (b_i â_ij + b_j a_ji = b_i b_j, "
+                f"b̂ = b), but {tableau.name} has defect {defect:.2e}. Pass a single "
+                f"tableau (its conjugate is computed) or build the pair with "
+                f"vijax.tableaus.symplectic_pair(tableau)."
+            )
+        return tableau
+    if isinstance(tableau, tb.ButcherTableau):
+        return tb.symplectic_pair(tableau)
+    raise TypeError(
+        f"VPRK expects a vijax.tableaus.ButcherTableau or PartitionedTableau, got "
+        f"{type(tableau).__name__}; e.g. VPRK(vijax.tableaus.gauss(2))."
+    )
+
+
+class VPRK(AbstractIntegrator):
+    """Variational partitioned Runge--Kutta method (seed 000, eq. (9)).
+
+    Parameters
+    ----------
+    tableau:
+        A :class:`~vijax.tableaus.ButcherTableau` (paired with its symplectic conjugate) or a
+        symplectic-conjugate :class:`~vijax.tableaus.PartitionedTableau`.
+    solver:
+        Root solver for the stage equations.  Default :class:`~vijax.solvers.FixedPoint`
+        preconditioned by the inverse velocity Hessian at the start of the step (the classic
+        fixed-point iteration when the mass matrix is constant); use
+        :class:`~vijax.solvers.Newton` for stiff problems.
+    predictor:
+        ``"extrapolate"`` (default): the previous step's stage velocities extrapolated by
+        their interpolation polynomial; ``"constant"``: all stages start at the last stage
+        velocity.
+
+    Presets: :meth:`gauss`, :meth:`lobatto`, :meth:`midpoint`, :meth:`stormer_verlet`.
+    """
+
+    tableau: tb.PartitionedTableau
+    solver: AbstractRootSolver
+    predictor: Literal["extrapolate", "constant"] = eqx.field(static=True)
+
+    symplectic = True
+
+    def __init__(self, tableau, solver: AbstractRootSolver | None = None,
+                 predictor: Literal["extrapolate", "constant"] = "extrapolate"):
+        self.tableau = _as_pair(tableau)
+        self.solver = FixedPoint() if solver is None else solver
+        if predictor not in ("extrapolate", "constant"):
+            raise ValueError(f"predictor must be 'extrapolate' or 'constant', got {predictor!r}")
+        if predictor == "extrapolate" and len(set(self.tableau.q.c_)) < self.tableau.q.stages:
+            predictor = "constant"  # repeated nodes: no interpolation polynomial
+        self.predictor = predictor
+
+    # -- presets ----------------------------------------------------------------------------
+    @classmethod
+    def gauss(cls, s: int, **kwargs) -> "VPRK":
+        """Gauss--Legendre, ``s`` stages, order ``2s`` (self-conjugate)."""
+        return cls(tb.gauss(s), **kwargs)
+
+    @classmethod
+    def lobatto(cls, s: int, **kwargs) -> "VPRK":
+        """Lobatto IIIA--IIIB pair, ``s >= 2`` stages, order ``2s - 2``."""
+        return cls(tb.lobatto_iiia_iiib(s), **kwargs)
+
+    @classmethod
+    def midpoint(cls, **kwargs) -> "VPRK":
+        """Implicit midpoint rule (Gauss, one stage), order 2."""
+        return cls(tb.gauss(1), **kwargs)
+
+    @classmethod
+    def stormer_verlet(cls, **kwargs) -> "VPRK":
+        """Störmer--Verlet (Lobatto IIIA--IIIB, two stages), order 2."""
+        return cls(tb.lobatto_iiia_iiib(2), **kwargs)
+
+    # -- traits -----------------------------------------------------------------------------
+    @property
+    def order(self) -> int:
+        return self.tableau.order
+
+    @property
+    def stages(self) -> int:
+        return self.tableau.q.stages
+
+    @property
+    def name(self) -> str:
+        return f"VPRK[{self.tableau.name}]"
+
+    # -- stepping ---------------------------------------------------------------------------
+    def init(self, system, t0, q0, v0) -> VPRKState:
+        p0 = system.momentum(q0, v0)
+        stages = jnp.broadcast_to(v0, (self.stages,) + v0.shape)
+        return VPRKState(t=jnp.asarray(t0, q0.dtype), q=q0, p=p0, stages=stages)
+
+    def _coefficients(self, dtype):
+        q, p = self.tableau.q, self.tableau.p
+        a, ahat, b = (jnp.asarray(x, dtype) for x in (q.a, p.a, q.b))
+        if self.predictor == "extrapolate":
+            c = np.asarray(q.c)
+            extrap = tb.lagrange_extrapolation_matrix(c, 1.0 + c)
+        else:
+            extrap = np.zeros((q.stages, q.stages))
+            extrap[:, -1] = 1.0
+        return a, ahat, b, jnp.asarray(extrap, dtype)
+
+    def stage_residual(self, system, q, p, h, V):
+        """Residual ``D2L(Q^i, V^i) - P^i`` of seed 000 eq. (9), and the stage ``W^i``."""
+        a, ahat, _, _ = self._coefficients(q.dtype)
+        Q = q + h * (a @ V)
+        W, D2 = jax.vmap(system.derivatives)(Q, V)
+        return D2 - (p + h * (ahat @ W)), W
+
+    def step(self, system, state: VPRKState, h):
+        q, p = state.q, state.p
+        _, _, b, extrap = self._coefficients(q.dtype)
+        V0 = extrap @ state.stages
+        # Approximate Jacobian of the residual in V: block-diagonal d2L/dv2 at the step start
+        # (exact up to O(h) terms), factorised once per step.
+        lu = jsl.lu_factor(system.velocity_hessian(q, V0[-1]))
+
+        def precond(r):
+            return jsl.lu_solve(lu, r.T).T
+
+        V, stats = self.solver.solve(
+            lambda V: self.stage_residual(system, q, p, h, V)[0], V0, precond
+        )
+        _, W = self.stage_residual(system, q, p, h, V)
+        new = VPRKState(t=state.t + h, q=q + h * (b @ V), p=p + h * (b @ W), stages=V)
+        return new, stats
+
+    def velocity(self, system, state: VPRKState):
+        c = np.asarray(self.tableau.q.c)
+        to_end = jnp.asarray(tb.lagrange_extrapolation_matrix(c, np.ones(1)), state.q.dtype)
+        guess = (to_end @ state.stages)[0] if self.predictor == "extrapolate" else state.stages[-1]
+        return system.velocity(state.q, state.p, guess)

@@ -1,0 +1,231 @@
+"""``simulate``: drive an integrator's ``step`` inside a jit-compiled ``lax.scan``."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Optional
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int
+
+from .integrators._base import AbstractIntegrator, AbstractState
+from .solvers import ConvergenceError, SolverStats
+
+__all__ = ["simulate", "Solution", "StepStats"]
+
+
+class StepStats(eqx.Module):
+    """Solver statistics aggregated over the ``save_every`` steps ending at each saved time.
+
+    Arrays have one entry per saved time after the first (aligned with ``Solution.t[1:]``).
+    """
+
+    iterations: Int[Array, " n_saves"]      # total solver iterations in the block
+    max_iterations: Int[Array, " n_saves"]  # largest per-step count in the block
+    residual: Float[Array, " n_saves"]      # largest final residual in the block
+    converged: Bool[Array, " n_saves"]      # every step of the block converged
+    failed_step: Int[Array, " n_saves"]     # global index of the first failed step, or -1
+
+    @property
+    def all_converged(self):
+        return jnp.all(self.converged)
+
+    @property
+    def first_failure(self):
+        """Global index of the first step whose solve failed, or -1."""
+        failed = self.failed_step >= 0
+        return jnp.where(jnp.any(failed), self.failed_step[jnp.argmax(failed)], -1)
+
+
+class Solution(eqx.Module):
+    """Saved trajectory: ``t, q, v, p`` have ``n_steps // save_every + 1`` rows (initial
+    point included); ``states`` holds the integrator's full states at the same times
+    (multipliers, stage caches ...), ``stats`` the solver statistics per saved block."""
+
+    t: Float[Array, " n_saves+1"]
+    q: Float[Array, "n_saves+1 n"]
+    v: Float[Array, "n_saves+1 n"]
+    p: Float[Array, "n_saves+1 n"]
+    stats: StepStats
+    states: Any
+    n_steps: int = eqx.field(static=True)
+
+    @property
+    def final_state(self):
+        return jax.tree_util.tree_map(lambda x: x[-1], self.states)
+
+    @property
+    def mean_iterations(self):
+        """Mean solver iterations per step."""
+        return jnp.sum(self.stats.iterations) / self.n_steps
+
+
+def _is_traced(x) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def _vector(name: str, x, ndim_expected: Optional[int]) -> Array:
+    x = jnp.asarray(x)
+    if x.ndim != 1:
+        raise ValueError(
+            f"{name} must be a 1-D array of generalised coordinates, got shape {x.shape}; "
+            f"for an ensemble, jax.vmap over simulate instead of stacking initial conditions."
+        )
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(
+            f"{name} has dtype {x.dtype}; pass floating-point values, e.g. "
+            f"jnp.asarray({name}, dtype=jnp.float64) (with jax_enable_x64) or float32."
+        )
+    if ndim_expected is not None and x.shape[0] != ndim_expected:
+        raise ValueError(f"{name} has {x.shape[0]} components but the system has "
+                         f"ndim = {ndim_expected}.")
+    return x
+
+
+def _check_regular(system, q0, v0) -> None:
+    """Refuse a Lagrangian whose velocity Hessian is singular at the initial state."""
+    hess = system.velocity_hessian(q0, v0)
+    if _is_traced(hess):
+        return
+    hess = np.asarray(hess)
+    eps = np.finfo(hess.dtype).eps
+    cond = np.linalg.cond(hess) if np.all(np.isfinite(hess)) else np.inf
+    if not cond < 1.0 / (1e3 * eps):
+        raise ValueError(
+            f"The velocity Hessian d2L/dv2 of {type(system).__name__} is singular at the "
+            f"initial state (condition number {cond:.3g}): the Lagrangian is degenerate "
+            f"there, so the Legendre map cannot be inverted and the variational stage "
+            f"equations have no unique solution. Check the kinetic energy (every coordinate "
+            f"needs inertia) or choose an initial state away from the singular configuration."
+        )
+
+
+def _initial_velocity(system, q0, v0, p0):
+    if (v0 is None) == (p0 is None):
+        raise ValueError("Give exactly one of v0 (velocities) or p0 (momenta), not "
+                         + ("both." if v0 is not None else "neither."))
+    if v0 is not None:
+        v0 = _vector("v0", v0, None)
+        if v0.shape != q0.shape:
+            raise ValueError(f"v0 has shape {v0.shape} but q0 has shape {q0.shape}.")
+        return v0.astype(q0.dtype)
+    p0 = _vector("p0", p0, None)
+    if p0.shape != q0.shape:
+        raise ValueError(f"p0 has shape {p0.shape} but q0 has shape {q0.shape}.")
+    _check_regular(system, q0, jnp.zeros_like(q0))
+    return system.velocity(q0, p0.astype(q0.dtype))
+
+
+def _check_compatible(system, integrator) -> None:
+    from .systems import LagrangianSystem  # local: systems imports solvers only
+
+    if not isinstance(system, LagrangianSystem):
+        raise TypeError(f"system must be a vijax.LagrangianSystem, got {type(system).__name__}.")
+    if not isinstance(integrator, AbstractIntegrator):
+        raise TypeError(f"integrator must be a vijax integrator (e.g. vijax.VPRK.gauss(2)), "
+                        f"got {type(integrator).__name__}.")
+    if hasattr(system, "holonomic") and not integrator.supports_holonomic:
+        raise ValueError(f"{type(system).__name__} has holonomic constraints but "
+                         f"{integrator.name} does not support them.")
+    if hasattr(system, "nonholonomic") and not integrator.supports_nonholonomic:
+        raise ValueError(f"{type(system).__name__} has nonholonomic constraints but "
+                         f"{integrator.name} does not support them.")
+
+
+@eqx.filter_jit
+def _run(system, integrator, q0, v0, t0, dt, n_saves: int, save_every: int):
+    state0 = integrator.init(system, t0, q0, v0)
+
+    def one_step(state, k):
+        state, st = integrator.step(system, state, dt)
+        return state, (st, k)
+
+    def block(state, j):
+        ks = j * save_every + jnp.arange(save_every)
+        state, (st, ks) = jax.lax.scan(one_step, state, ks)
+        failed = ~st.converged
+        agg = StepStats(
+            iterations=jnp.sum(st.iterations),
+            max_iterations=jnp.max(st.iterations),
+            residual=jnp.max(st.residual),
+            converged=jnp.all(st.converged),
+            failed_step=jnp.where(jnp.any(failed), ks[jnp.argmax(failed)], -1),
+        )
+        return state, (state, agg)
+
+    _, (states, stats) = jax.lax.scan(block, state0, jnp.arange(n_saves))
+    states = jax.tree_util.tree_map(
+        lambda a, b: jnp.concatenate([a[None], b]), state0, states)
+    v = jax.vmap(lambda s: integrator.velocity(system, s))(states)
+    t = t0 + dt * jnp.arange(n_saves + 1, dtype=q0.dtype) * save_every
+    return t, states, v, stats
+
+
+def simulate(
+    system,
+    integrator: AbstractIntegrator,
+    *,
+    q0,
+    v0=None,
+    p0=None,
+    dt,
+    n_steps: int,
+    save_every: int = 1,
+    t0=0.0,
+    throw: bool = False,
+) -> Solution:
+    """Integrate ``system`` with ``integrator`` for ``n_steps`` steps of size ``dt``.
+
+    Give the initial velocity ``v0`` or the initial momentum ``p0`` (exactly one).  States
+    are saved every ``save_every`` steps (``n_steps`` must be a multiple); only saved states
+    are stored.  Works under :func:`jax.jit`, :func:`jax.vmap` (ensembles) and
+    :func:`jax.grad` (with respect to the initial state, ``dt`` and every system parameter).
+    A solve that fails to converge is recorded in ``Solution.stats`` (``converged``,
+    ``failed_step``); with ``throw=True`` it raises :class:`~vijax.solvers.ConvergenceError`
+    naming the step.  The working dtype is that of ``q0``.
+    """
+    _check_compatible(system, integrator)
+    q0 = _vector("q0", q0, getattr(system, "ndim", None))
+    if not isinstance(n_steps, numbers.Integral) or isinstance(n_steps, bool) or n_steps <= 0:
+        raise ValueError(f"n_steps must be a positive Python int, got {n_steps!r}.")
+    if not isinstance(save_every, numbers.Integral) or save_every <= 0:
+        raise ValueError(f"save_every must be a positive Python int, got {save_every!r}.")
+    if n_steps % save_every:
+        raise ValueError(f"n_steps = {n_steps} is not a multiple of save_every = {save_every}; "
+                         f"choose n_steps = {(n_steps // save_every + 1) * save_every}, say.")
+    dtype = q0.dtype
+    dt = jnp.asarray(dt, dtype)
+    if dt.ndim != 0:
+        raise ValueError(f"dt must be a scalar, got shape {dt.shape}.")
+    if _is_traced(dt):
+        dt = eqx.error_if(dt, dt <= 0, "simulate: dt must be positive.")
+    elif not float(dt) > 0:
+        raise ValueError(f"dt must be positive (and finite), got {float(dt)}.")
+    v0 = _initial_velocity(system, q0, v0, p0)
+    _check_regular(system, q0, v0)
+    t0 = jnp.asarray(t0, dtype)
+
+    t, states, v, stats = _run(system, integrator, q0, v0, t0, dt, n_steps // save_every,
+                               save_every)
+    sol = Solution(t=t, q=states.q, v=v, p=states.p, stats=stats, states=states,
+                   n_steps=n_steps)
+    if throw:
+        ok = stats.converged
+        if _is_traced(ok):
+            sol = eqx.error_if(
+                sol, ~jnp.all(ok),
+                "simulate: an implicit stage solve did not converge; run without jit "
+                "(or inspect sol.stats.failed_step) to see the step index. Reduce dt or use "
+                "solver=vijax.solvers.Newton().")
+        elif not bool(np.all(np.asarray(ok))):
+            k = int(stats.first_failure)
+            raise ConvergenceError(
+                f"The stage equations of {integrator.name} did not converge at step {k} "
+                f"(t = {float(t0) + k * float(dt):.6g}; residual "
+                f"{float(np.max(np.asarray(stats.residual))):.3g}). Reduce dt, raise the "
+                f"solver's max_steps, or use solver=vijax.solvers.Newton() for stiff problems."
+            )
+    return sol

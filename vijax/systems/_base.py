@@ -1,0 +1,119 @@
+"""Mechanical systems: the Lagrangian is the only physics a user writes (DESIGN.md, principle 1).
+
+Every derived object -- ``D1L``, ``D2L``, the Legendre map and its inverse, the velocity
+Hessian, the energy -- comes from :mod:`jax` autodiff of :meth:`LagrangianSystem.lagrangian`.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import ClassVar, Optional
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from ..solvers import Newton
+
+__all__ = ["LagrangianSystem", "MechanicalSystem"]
+
+
+class LagrangianSystem(eqx.Module):
+    """A mechanical system given by a Lagrangian ``L(q, v)`` on ``Q = R^n``.
+
+    Subclass it, declare the parameters as fields (they are pytree leaves, hence
+    differentiable) and implement :meth:`lagrangian`::
+
+        class Pendulum(vj.LagrangianSystem):
+            m: float = 1.0
+            l: float = 1.0
+            g: float = 9.81
+            def lagrangian(self, q, v):
+                return 0.5 * self.m * self.l**2 * v[0]**2 + self.m * self.g * self.l * jnp.cos(q[0])
+
+    Optional declarations (class variables):
+
+    * ``quadratic_in_velocity = True`` when ``L`` is a quadratic polynomial in ``v`` (any
+      ``1/2 v^T M(q) v + a(q).v - V(q)``): the inverse Legendre map is then one linear solve
+      instead of a Newton iteration.
+    * ``ndim``: the configuration dimension, checked against initial conditions.
+
+    Optional methods, used by the constrained integrators: ``holonomic(q) -> (m,)`` and
+    ``nonholonomic(q, v) -> (m,)``.
+    """
+
+    quadratic_in_velocity: ClassVar[bool] = False
+    ndim: ClassVar[Optional[int]] = None
+
+    @abc.abstractmethod
+    def lagrangian(self, q: Float[Array, " n"], v: Float[Array, " n"]) -> Float[Array, ""]:
+        """The Lagrangian ``L(q, v)`` (a scalar)."""
+
+    # -- derivatives, all by autodiff -------------------------------------------------------
+    def d1_lagrangian(self, q, v):
+        """``D1L(q, v) = dL/dq``."""
+        return jax.grad(self.lagrangian, argnums=0)(q, v)
+
+    def momentum(self, q, v):
+        """Legendre map ``p = D2L(q, v) = dL/dv``."""
+        return jax.grad(self.lagrangian, argnums=1)(q, v)
+
+    def derivatives(self, q, v):
+        """``(D1L, D2L)`` in one reverse pass."""
+        return jax.grad(self.lagrangian, argnums=(0, 1))(q, v)
+
+    def velocity_hessian(self, q, v):
+        """``d^2L/dv^2`` (the generalised mass matrix for mechanical Lagrangians)."""
+        return jax.jacfwd(self.momentum, argnums=1)(q, v)
+
+    def energy(self, q, v):
+        """Energy ``E = <D2L, v> - L``."""
+        return jnp.vdot(self.momentum(q, v), v) - self.lagrangian(q, v)
+
+    def hamiltonian(self, q, p, v_guess=None):
+        """``H(q, p) = E(q, FL^{-1}(q, p))``."""
+        return self.energy(q, self.velocity(q, p, v_guess))
+
+    def velocity(self, q, p, v_guess=None):
+        """Inverse Legendre map: the ``v`` with ``D2L(q, v) = p``.
+
+        One linear solve when the class declares ``quadratic_in_velocity``; otherwise Newton
+        from ``v_guess`` (zero by default), differentiable by the implicit function theorem.
+        """
+        if self.quadratic_in_velocity:
+            zero = jnp.zeros_like(p)
+            return jnp.linalg.solve(self.velocity_hessian(q, zero), p - self.momentum(q, zero))
+        guess = jnp.zeros_like(p) if v_guess is None else v_guess
+        v, _ = Newton().solve(lambda v: self.momentum(q, v) - p, guess)
+        return v
+
+
+class MechanicalSystem(LagrangianSystem):
+    """``L = 1/2 v^T M(q) v - V(q)``: implement :meth:`mass_matrix` and :meth:`potential`.
+
+    Declaring the structure lets integrators use ``M(q)`` directly (no Hessian by autodiff)
+    and makes the inverse Legendre map a single linear solve.
+    """
+
+    quadratic_in_velocity: ClassVar[bool] = True
+
+    @abc.abstractmethod
+    def mass_matrix(self, q: Float[Array, " n"]) -> Float[Array, "n n"]:
+        """Symmetric positive-definite mass matrix ``M(q)``."""
+
+    @abc.abstractmethod
+    def potential(self, q: Float[Array, " n"]) -> Float[Array, ""]:
+        """Potential energy ``V(q)``."""
+
+    def lagrangian(self, q, v):
+        return 0.5 * jnp.vdot(v, self.mass_matrix(q) @ v) - self.potential(q)
+
+    def velocity_hessian(self, q, v):
+        return self.mass_matrix(q)
+
+    def velocity(self, q, p, v_guess=None):
+        return jnp.linalg.solve(self.mass_matrix(q), p)
+
+    def energy(self, q, v):
+        return 0.5 * jnp.vdot(v, self.mass_matrix(q) @ v) + self.potential(q)
