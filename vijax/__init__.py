@@ -4,8 +4,9 @@ vijax never changes global JAX configuration: enable float64 yourself with
 ``jax.config.update("jax_enable_x64", True)``; the library follows the dtype of its inputs.
 """
 
-from . import diagnostics, solvers, systems, tableaus
-from .integrators import AbstractIntegrator, AbstractState, VPRK, VPRKState
+from . import constraints, diagnostics, solvers, systems, tableaus
+from .integrators import (AbstractIntegrator, AbstractState, HolonomicState, HolonomicVPRK, VPRK,
+                          VPRKState)
 from .simulate import Solution, StepStats, simulate
 from .solvers import ConvergenceError
 from .systems import LagrangianSystem, MechanicalSystem
@@ -14,6 +15,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "simulate", "Solution", "StepStats", "LagrangianSystem", "MechanicalSystem",
-    "AbstractIntegrator", "AbstractState", "VPRK", "VPRKState", "ConvergenceError",
-    "tableaus", "solvers", "systems", "diagnostics",
+    "AbstractIntegrator", "AbstractState", "VPRK", "VPRKState", "HolonomicVPRK", "HolonomicState", "ConvergenceError",
+    "tableaus", "constraints", "solvers", "systems", "diagnostics",
 ]

@@ -12,6 +12,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from .integrators._base import AbstractIntegrator, AbstractState
+from .constraints import has_holonomic, project_position, project_velocity
 from .solvers import ConvergenceError, SolverStats
 
 __all__ = ["simulate", "Solution", "StepStats"]
@@ -116,7 +117,13 @@ def _initial_velocity(system, q0, v0, p0):
     if p0.shape != q0.shape:
         raise ValueError(f"p0 has shape {p0.shape} but q0 has shape {q0.shape}.")
     _check_regular(system, q0, jnp.zeros_like(q0))
-    return system.velocity(q0, p0.astype(q0.dtype))
+    v0 = system.velocity(q0, p0.astype(q0.dtype))
+    if not _is_traced(v0) and not bool(np.all(np.isfinite(np.asarray(v0)))):
+        raise ValueError(
+            f"The inverse Legendre map of {type(system).__name__} failed at (q0, p0): no "
+            f"velocity with D2L(q0, v) = p0 was found from v = 0. Pass v0 instead of p0, or "
+            f"override {type(system).__name__}.velocity(q, p, v_guess) with a closed form.")
+    return v0
 
 
 def _check_compatible(system, integrator) -> None:
@@ -127,9 +134,14 @@ def _check_compatible(system, integrator) -> None:
     if not isinstance(integrator, AbstractIntegrator):
         raise TypeError(f"integrator must be a vijax integrator (e.g. vijax.VPRK.gauss(2)), "
                         f"got {type(integrator).__name__}.")
-    if hasattr(system, "holonomic") and not integrator.supports_holonomic:
+    if has_holonomic(system) and not integrator.supports_holonomic:
         raise ValueError(f"{type(system).__name__} has holonomic constraints but "
-                         f"{integrator.name} does not support them.")
+                         f"{integrator.name} does not support them; use a constrained method: "
+                         f"vijax.HolonomicVPRK.lobatto(s) or vijax.HolonomicVPRK.rattle().")
+    if integrator.requires_holonomic and not has_holonomic(system):
+        raise ValueError(f"{integrator.name} integrates holonomically constrained systems, but "
+                         f"{type(system).__name__} defines no holonomic(q); use vijax.VPRK for "
+                         f"unconstrained systems.")
     if hasattr(system, "nonholonomic") and not integrator.supports_nonholonomic:
         raise ValueError(f"{type(system).__name__} has nonholonomic constraints but "
                          f"{integrator.name} does not support them.")
@@ -139,21 +151,27 @@ def _check_compatible(system, integrator) -> None:
 def _run(system, integrator, q0, v0, t0, dt, n_saves: int, save_every: int):
     state0 = integrator.init(system, t0, q0, v0)
 
-    def one_step(state, k):
+    # Statistics are reduced in the carry, not stacked per step: long runs store only what
+    # is saved.
+    def one_step(carry, k):
+        state, agg = carry
         state, st = integrator.step(system, state, dt)
-        return state, (st, k)
+        agg = StepStats(
+            iterations=agg.iterations + st.iterations,
+            max_iterations=jnp.maximum(agg.max_iterations, st.iterations),
+            residual=jnp.maximum(agg.residual, st.residual),
+            converged=agg.converged & st.converged,
+            failed_step=jnp.where((agg.failed_step < 0) & ~st.converged, k, agg.failed_step),
+        )
+        return (state, agg), None
 
     def block(state, j):
-        ks = j * save_every + jnp.arange(save_every)
-        state, (st, ks) = jax.lax.scan(one_step, state, ks)
-        failed = ~st.converged
-        agg = StepStats(
-            iterations=jnp.sum(st.iterations),
-            max_iterations=jnp.max(st.iterations),
-            residual=jnp.max(st.residual),
-            converged=jnp.all(st.converged),
-            failed_step=jnp.where(jnp.any(failed), ks[jnp.argmax(failed)], -1),
-        )
+        agg0 = StepStats(iterations=jnp.asarray(0, jnp.int32),
+                         max_iterations=jnp.asarray(0, jnp.int32),
+                         residual=jnp.zeros((), q0.dtype), converged=jnp.asarray(True),
+                         failed_step=jnp.asarray(-1, jnp.int32))
+        ks = (j * save_every + jnp.arange(save_every)).astype(jnp.int32)
+        (state, agg), _ = jax.lax.scan(one_step, (state, agg0), ks)
         return state, (state, agg)
 
     _, (states, stats) = jax.lax.scan(block, state0, jnp.arange(n_saves))
@@ -176,6 +194,7 @@ def simulate(
     save_every: int = 1,
     t0=0.0,
     throw: bool = False,
+    project: bool = False,
 ) -> Solution:
     """Integrate ``system`` with ``integrator`` for ``n_steps`` steps of size ``dt``.
 
@@ -186,6 +205,10 @@ def simulate(
     A solve that fails to converge is recorded in ``Solution.stats`` (``converged``,
     ``failed_step``); with ``throw=True`` it raises :class:`~vijax.solvers.ConvergenceError`
     naming the step.  The working dtype is that of ``q0``.
+
+    For holonomically constrained systems the initial data must lie on ``g(q) = 0`` and its
+    hidden constraint ``G(q) v = 0``; ``project=True`` projects them first
+    (:func:`vijax.constraints.project_position`, :func:`~vijax.constraints.project_velocity`).
     """
     _check_compatible(system, integrator)
     q0 = _vector("q0", q0, getattr(system, "ndim", None))
@@ -193,6 +216,7 @@ def simulate(
         raise ValueError(f"n_steps must be a positive Python int, got {n_steps!r}.")
     if not isinstance(save_every, numbers.Integral) or save_every <= 0:
         raise ValueError(f"save_every must be a positive Python int, got {save_every!r}.")
+    n_steps, save_every = int(n_steps), int(save_every)  # numpy integers -> static ints
     if n_steps % save_every:
         raise ValueError(f"n_steps = {n_steps} is not a multiple of save_every = {save_every}; "
                          f"choose n_steps = {(n_steps // save_every + 1) * save_every}, say.")
@@ -202,10 +226,17 @@ def simulate(
         raise ValueError(f"dt must be a scalar, got shape {dt.shape}.")
     if _is_traced(dt):
         dt = eqx.error_if(dt, dt <= 0, "simulate: dt must be positive.")
-    elif not float(dt) > 0:
-        raise ValueError(f"dt must be positive (and finite), got {float(dt)}.")
+    elif not (float(dt) > 0 and np.isfinite(float(dt))):
+        raise ValueError(f"dt must be positive and finite, got {float(dt)}.")
+    if project and has_holonomic(system):
+        q0 = project_position(system, q0)
     v0 = _initial_velocity(system, q0, v0, p0)
+    if project and has_holonomic(system):
+        v0 = project_velocity(system, q0, v0)
     _check_regular(system, q0, v0)
+    check = getattr(integrator, "check_initial", None)
+    if check is not None and not (_is_traced(q0) or _is_traced(v0)):
+        check(system, q0, v0, float(jnp.finfo(dtype).eps) ** 0.6)
     t0 = jnp.asarray(t0, dtype)
 
     t, states, v, stats = _run(system, integrator, q0, v0, t0, dt, n_steps // save_every,

@@ -31,6 +31,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
+from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Bool, Float, Int
 
 __all__ = [
@@ -60,6 +61,9 @@ class SolverStats(eqx.Module):
     converged: Bool[Array, ""]
 
 
+_NOISE_FLOOR = 100.0
+
+
 def default_tolerance(dtype) -> float:
     """``eps**0.8`` of ``dtype``: about 3e-13 in float64 and 3e-6 in float32."""
     return float(jnp.finfo(dtype).eps) ** 0.8
@@ -82,19 +86,24 @@ class AbstractRootSolver(eqx.Module):
     ----------
     rtol, atol:
         Convergence when ``|dx_i| <= atol + rtol * |x_i|`` for every component of the last
-        increment.  ``None`` means :func:`default_tolerance` of the working dtype.
+        increment -- or, at the round-off floor of an ill-conditioned system, when increments
+        within 100 times that bound stop contracting.  ``None`` means :func:`default_tolerance` of the working dtype.
     max_steps:
         Iteration cap.  Reaching it without convergence sets ``converged=False`` (never a silent
         NaN: a non-finite iterate stops the loop and is reported the same way).
     implicit_diff:
         ``True`` (default): gradients by the implicit function theorem.  ``False``: unrolled
         iterations (fixed ``max_steps`` iterations, masked after convergence).
+    min_steps:
+        Updates always performed, as straight-line code, before the convergence-checked
+        loop (cheaper than loop iterations on CPU when the predictor is good).
     """
 
     rtol: Optional[float] = None
     atol: Optional[float] = None
     max_steps: int = eqx.field(static=True, default=50)
     implicit_diff: bool = eqx.field(static=True, default=True)
+    min_steps: int = eqx.field(static=True, default=0)
 
     @abc.abstractmethod
     def _make_update(
@@ -109,38 +118,53 @@ class AbstractRootSolver(eqx.Module):
         atol = tol if self.atol is None else self.atol
         update = self._make_update(f, x0, precond)
 
-        def one(x):
+        def one(x, err_prev):
             dx, r = update(x)
             x_new = x - dx
-            scale = atol + rtol * jnp.abs(x_new)
-            small = jnp.all(jnp.abs(dx) <= scale)
+            err = jnp.max(jnp.abs(dx) / (atol + rtol * jnp.abs(x_new)))
             finite = jnp.all(jnp.isfinite(x_new))
-            return x_new, jnp.max(jnp.abs(r)).astype(dtype), small & finite, ~finite
+            # Stopping test of Hairer & Wanner (IV.8): with the observed contraction
+            # theta = err_k / err_{k-1} < 1, the error left after this update is about
+            # theta / (1 - theta) * err_k.  Without a rate yet (first update) or without
+            # contraction, the increment itself is tested.  At the round-off floor of an
+            # ill-conditioned system the increments stop contracting (theta >= 1) within
+            # _NOISE_FLOOR of the tolerance: accepted as converged.
+            theta = err / err_prev
+            estimate = jnp.where(theta < 1, err * theta / (1 - theta), err)
+            floor = (err <= _NOISE_FLOOR) & (theta >= 1)
+            done = ((estimate <= 1) | floor) & finite
+            return x_new, jnp.max(jnp.abs(r)).astype(dtype), err, done, ~finite
 
+        def body(carry):
+            x, k, _, err, _, _ = carry
+            x, r, err, done, bad = one(x, err)
+            return x, k + 1, r, err, done, bad
+
+        # err_prev starts as NaN: no contraction rate is known before the second update.
         init = (x0, jnp.asarray(0, jnp.int32), jnp.asarray(jnp.inf, dtype),
-                jnp.asarray(False), jnp.asarray(False))
+                jnp.asarray(jnp.nan, dtype), jnp.asarray(False), jnp.asarray(False))
+        # The first ``min_steps`` updates are straight-line code: a loop iteration costs more
+        # than a small system's update on CPU, and a good predictor needs few updates anyway.
+        for _ in range(min(self.min_steps, self.max_steps)):
+            init = body(init)
 
         if self.implicit_diff:
             def cond(carry):
-                _, k, _, done, bad = carry
+                _, k, _, _, done, bad = carry
                 return (k < self.max_steps) & ~done & ~bad
 
-            def body(carry):
-                x, k, _, _, _ = carry
-                x, r, done, bad = one(x)
-                return x, k + 1, r, done, bad
-
-            x, k, r, done, _ = jax.lax.while_loop(cond, body, init)
+            x, k, r, _, done, _ = jax.lax.while_loop(cond, body, init)
         else:
             def scan_body(carry, _):
-                x, k, r, done, bad = carry
-                x_new, r_new, done_new, bad_new = one(x)
+                x, k, r, err, done, bad = carry
+                new = one(x, err)
                 stop = done | bad
                 keep = lambda old, new: jnp.where(stop, old, new)  # noqa: E731
-                return (keep(x, x_new), keep(k, k + 1), keep(r, r_new),
-                        keep(done, done_new), keep(bad, bad_new)), None
+                return (keep(x, new[0]), keep(k, k + 1), keep(r, new[1]), keep(err, new[2]),
+                        keep(done, new[3]), keep(bad, new[4])), None
 
-            (x, k, r, done, _), _ = jax.lax.scan(scan_body, init, None, length=self.max_steps)
+            (x, k, r, _, done, _), _ = jax.lax.scan(
+                scan_body, init, None, length=max(self.max_steps - self.min_steps, 0))
         return x, SolverStats(iterations=k, residual=r, converged=done)
 
     def solve(
@@ -149,18 +173,20 @@ class AbstractRootSolver(eqx.Module):
         x0: Array,
         precond: Optional[Callable[[Array], Array]] = None,
     ) -> tuple[Array, SolverStats]:
-        """Solve ``fn(x) = 0`` from the predictor ``x0`` (any shape; ``fn`` preserves it).
+        """Solve ``fn(x) = 0`` from the predictor ``x0``.
+
+        ``x0`` may be any pytree of arrays; ``fn(x)`` returns a pytree with as many scalars
+        in total (it need not have the same structure), and ``precond`` maps a residual pytree
+        to an increment shaped like ``x``.
 
         ``fn`` may close over anything (state, step size, system parameters): with
         ``implicit_diff=True`` those closures are differentiated by the implicit function
         theorem.  ``precond(r)`` approximates ``J^{-1} r`` (used by :class:`FixedPoint`).
         """
-        shape = x0.shape
-        flat = lambda y: jnp.reshape(y, (-1,))  # noqa: E731
-        f = lambda y: flat(fn(jnp.reshape(y, shape)))  # noqa: E731
-        pc = None if precond is None else (
-            lambda r: flat(precond(jnp.reshape(r, shape))))
-        x0 = flat(x0)
+        x0, unravel = ravel_pytree(x0)
+        flat = lambda y: ravel_pytree(y)[0]  # noqa: E731
+        f = lambda y: flat(fn(unravel(y)))  # noqa: E731
+        pc = None if precond is None else (lambda r: flat(precond(unravel(r))))
         if self.implicit_diff:
             # custom_root differentiates its aux output too, so the integer/bool statistics
             # travel as one float vector and are cast back afterwards.
@@ -177,16 +203,35 @@ class AbstractRootSolver(eqx.Module):
                                 converged=packed[2] > 0.5)
         else:
             x, stats = self._iterate(f, x0, pc)
-        return jnp.reshape(x, shape), stats
+        return unravel(x), stats
 
 
 class Newton(AbstractRootSolver):
-    """Full Newton: ``J = jax.jacfwd(F)(x)`` and a dense LU solve at every iteration."""
+    """Full Newton: ``J = jax.jacfwd(F)(x)`` and a dense LU solve at every iteration.
+
+    ``damped=True`` adds a backtracking line search (step halved, at most 30 times, until the
+    residual's max-norm decreases and stays finite): robust far from the root, as for the
+    inverse Legendre map of a non-quadratic Lagrangian started from ``v = 0``.
+    """
+
+    damped: bool = eqx.field(static=True, default=False)
 
     def _make_update(self, f, x0, precond):
         def update(x):
             jac, r = jax.jacfwd(lambda y: (f(y), f(y)), has_aux=True)(x)
-            return _dense_solve(jac, r), r
+            dx = _dense_solve(jac, r)
+            if not self.damped:
+                return dx, r
+            norm0 = jnp.max(jnp.abs(r))
+
+            def worse(carry):
+                alpha, k = carry
+                trial = jnp.max(jnp.abs(f(x - alpha * dx)))
+                return ~(trial < norm0) & (k < 30)
+
+            alpha, _ = jax.lax.while_loop(
+                worse, lambda c: (0.5 * c[0], c[1] + 1), (jnp.ones((), x.dtype), 0))
+            return alpha * dx, r
 
         return update
 
@@ -214,6 +259,7 @@ class FixedPoint(AbstractRootSolver):
     """
 
     max_steps: int = eqx.field(static=True, default=100)
+    min_steps: int = eqx.field(static=True, default=2)
 
     def _make_update(self, f, x0, precond):
         def update(x):

@@ -31,6 +31,7 @@ class AbstractIntegrator(eqx.Module):
     symplectic: ClassVar[bool] = False
     supports_holonomic: ClassVar[bool] = False
     supports_nonholonomic: ClassVar[bool] = False
+    requires_holonomic: ClassVar[bool] = False
 
     @property
     @abc.abstractmethod

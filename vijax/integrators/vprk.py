@@ -20,15 +20,15 @@ from typing import Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import jax.scipy.linalg as jsl
 import numpy as np
 from jaxtyping import Array, Float
 
+from .. import _linalg
 from .. import tableaus as tb
 from ..solvers import AbstractRootSolver, FixedPoint
 from ._base import AbstractIntegrator, AbstractState
 
-__all__ = ["VPRK", "VPRKState"]
+__all__ = ["VPRK", "VPRKState", "stage_values"]
 
 _CONJUGACY_TOL = 1e-12
 
@@ -40,6 +40,14 @@ class VPRKState(AbstractState):
     q: Float[Array, " n"]
     p: Float[Array, " n"]
     stages: Float[Array, "s n"]
+
+
+def stage_values(system, a, q, h, V):
+    """Stage positions ``Q^i = q + h sum_j a_ij V^j`` and ``(D1L, D2L)`` at ``(Q^i, V^i)``
+    (seed 000, eqs. (9) and (13)): the part every VPRK variant shares."""
+    Q = q + h * (a @ V)
+    D1, D2 = jax.vmap(system.derivatives)(Q, V)
+    return Q, D1, D2
 
 
 def _as_pair(tableau) -> tb.PartitionedTableau:
@@ -152,8 +160,7 @@ class VPRK(AbstractIntegrator):
     def stage_residual(self, system, q, p, h, V):
         """Residual ``D2L(Q^i, V^i) - P^i`` of seed 000 eq. (9), and the stage ``W^i``."""
         a, ahat, _, _ = self._coefficients(q.dtype)
-        Q = q + h * (a @ V)
-        W, D2 = jax.vmap(system.derivatives)(Q, V)
+        _, W, D2 = stage_values(system, a, q, h, V)
         return D2 - (p + h * (ahat @ W)), W
 
     def step(self, system, state: VPRKState, h):
@@ -161,11 +168,11 @@ class VPRK(AbstractIntegrator):
         _, _, b, extrap = self._coefficients(q.dtype)
         V0 = extrap @ state.stages
         # Approximate Jacobian of the residual in V: block-diagonal d2L/dv2 at the step start
-        # (exact up to O(h) terms), factorised once per step.
-        lu = jsl.lu_factor(system.velocity_hessian(q, V0[-1]))
+        # (exact up to O(h) terms), inverted once per step.
+        minv = system.inverse_velocity_hessian(q, V0[-1])
 
         def precond(r):
-            return jsl.lu_solve(lu, r.T).T
+            return r @ minv.T
 
         V, stats = self.solver.solve(
             lambda V: self.stage_residual(system, q, p, h, V)[0], V0, precond

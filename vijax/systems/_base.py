@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from .. import _linalg
 from ..solvers import Newton
 
 __all__ = ["LagrangianSystem", "MechanicalSystem"]
@@ -67,6 +68,10 @@ class LagrangianSystem(eqx.Module):
         """``d^2L/dv^2`` (the generalised mass matrix for mechanical Lagrangians)."""
         return jax.jacfwd(self.momentum, argnums=1)(q, v)
 
+    def inverse_velocity_hessian(self, q, v):
+        """``(d^2L/dv^2)^{-1}``; override when a closed form is known."""
+        return _linalg.inv(self.velocity_hessian(q, v))
+
     def energy(self, q, v):
         """Energy ``E = <D2L, v> - L``."""
         return jnp.vdot(self.momentum(q, v), v) - self.lagrangian(q, v)
@@ -78,14 +83,15 @@ class LagrangianSystem(eqx.Module):
     def velocity(self, q, p, v_guess=None):
         """Inverse Legendre map: the ``v`` with ``D2L(q, v) = p``.
 
-        One linear solve when the class declares ``quadratic_in_velocity``; otherwise Newton
-        from ``v_guess`` (zero by default), differentiable by the implicit function theorem.
+        One linear solve when the class declares ``quadratic_in_velocity``; otherwise damped
+        Newton from ``v_guess`` (zero by default), differentiable by the implicit function
+        theorem.
         """
         if self.quadratic_in_velocity:
             zero = jnp.zeros_like(p)
-            return jnp.linalg.solve(self.velocity_hessian(q, zero), p - self.momentum(q, zero))
+            return self.inverse_velocity_hessian(q, zero) @ (p - self.momentum(q, zero))
         guess = jnp.zeros_like(p) if v_guess is None else v_guess
-        v, _ = Newton().solve(lambda v: self.momentum(q, v) - p, guess)
+        v, _ = Newton(damped=True).solve(lambda v: self.momentum(q, v) - p, guess)
         return v
 
 
@@ -112,8 +118,15 @@ class MechanicalSystem(LagrangianSystem):
     def velocity_hessian(self, q, v):
         return self.mass_matrix(q)
 
+    def inverse_mass_matrix(self, q):
+        """``M(q)^{-1}``; override when a closed form is known."""
+        return _linalg.inv(self.mass_matrix(q))
+
+    def inverse_velocity_hessian(self, q, v):
+        return self.inverse_mass_matrix(q)
+
     def velocity(self, q, p, v_guess=None):
-        return jnp.linalg.solve(self.mass_matrix(q), p)
+        return self.inverse_mass_matrix(q) @ p
 
     def energy(self, q, v):
         return 0.5 * jnp.vdot(v, self.mass_matrix(q) @ v) + self.potential(q)

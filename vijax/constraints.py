@@ -1,0 +1,133 @@
+"""Holonomic constraints ``g(q) = 0``: Jacobians, consistent initial data and multipliers.
+
+Sign convention (spec 002 eq. (1)-(3)): the augmented Lagrangian is ``L - g(q).lam``, so the
+equations of motion read ``d/dt D2L - D1L + G(q)^T lam = 0`` with ``G = Dg``.  For the
+pendulum hanging at rest ``lam`` is the (positive) tension divided by the length.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .solvers import Newton
+
+__all__ = [
+    "has_holonomic",
+    "constraint_jacobian",
+    "project_position",
+    "project_velocity",
+    "project_momentum",
+    "multiplier",
+    "hidden_constraint",
+    "check_consistent",
+    "InconsistentInitialData",
+]
+
+
+class InconsistentInitialData(ValueError):
+    """Initial data off the constraint manifold (or its tangent bundle)."""
+
+
+def has_holonomic(system) -> bool:
+    return callable(getattr(system, "holonomic", None))
+
+
+def constraint_jacobian(system, q):
+    """``G(q) = Dg(q)``, shape ``(m, n)``, by :func:`jax.jacfwd`."""
+    return jax.jacfwd(system.holonomic)(q)
+
+
+def hidden_constraint(system, q, v):
+    """Velocity-level (hidden) constraint ``G(q) v``."""
+    return constraint_jacobian(system, q) @ v
+
+
+def project_position(system, q, *, max_steps: int = 50):
+    """The point of ``g = 0`` nearest to ``q`` in the metric of the velocity Hessian.
+
+    Gauss--Newton ``q <- q - H^{-1} G^T (G H^{-1} G^T)^{-1} g(q)`` with ``H = d2L/dv2`` at
+    ``(q, 0)``; converges quadratically from any point close to the manifold.
+    """
+    q = jnp.asarray(q)
+    zero = jnp.zeros_like(q)
+
+    def update(_, x):
+        g = system.holonomic(x)
+        G = constraint_jacobian(system, x)
+        hinv_gt = system.inverse_velocity_hessian(x, zero) @ G.T
+        return x - hinv_gt @ jnp.linalg.solve(G @ hinv_gt, g)
+
+    return jax.lax.fori_loop(0, max_steps, update, q)
+
+
+def project_velocity(system, q, v):
+    """Project ``v`` onto ``G(q) v = 0`` along ``H^{-1} G^T`` (the kinetic-energy metric):
+    the same velocity as :func:`project_momentum` of ``p = D2L(q, v)`` for mechanical ``L``."""
+    G = constraint_jacobian(system, q)
+    hinv_gt = system.inverse_velocity_hessian(q, v) @ G.T
+    return v - hinv_gt @ jnp.linalg.solve(G @ hinv_gt, G @ v)
+
+
+def project_momentum(system, q, p, v_guess=None):
+    """Project ``p`` onto the hidden constraint within its class ``p + span(G^T)``:
+    ``P(q, p) = p - G^T mu`` with ``G FL^{-1}(q, p - G^T mu) = 0`` (spec 002 eq. (4); one
+    linear solve when ``L`` is quadratic in ``v``, Newton in ``mu`` otherwise)."""
+    G = constraint_jacobian(system, q)
+
+    def residual(mu):
+        return G @ system.velocity(q, p - G.T @ mu, v_guess)
+
+    mu0 = jnp.zeros(G.shape[0], dtype=p.dtype)
+    if system.quadratic_in_velocity:
+        # Exact in one Newton step: residual is affine in mu.
+        jac = jax.jacfwd(residual)(mu0)
+        mu = jnp.linalg.solve(jac, -residual(mu0))
+    else:
+        mu, _ = Newton().solve(residual, mu0)
+    return p - G.T @ mu
+
+
+def multiplier(system, q, v):
+    """The multiplier ``lam(q, v)`` of the continuous equations (spec 002 eq. (70)).
+
+    Differentiating ``G(q) v = 0`` twice along the motion gives
+    ``(G H^{-1} G^T) lam = G H^{-1} f + G_q(v, v)`` with ``H = d2L/dv2`` and
+    ``f = D1L - (d D2L / dq) v``.
+    """
+    G = constraint_jacobian(system, q)
+    hinv = system.inverse_velocity_hessian(q, v)
+    mixed = jax.jacfwd(system.momentum, argnums=0)(q, v)
+    f = system.d1_lagrangian(q, v) - mixed @ v
+    gqvv = jax.jvp(lambda x: constraint_jacobian(system, x), (q,), (v,))[1] @ v
+    return jnp.linalg.solve(G @ hinv @ G.T, G @ hinv @ f + gqvv)
+
+
+def check_consistent(system, q0, v0, tol: float) -> None:
+    """Refuse initial data off ``g = 0`` or off the hidden constraint, or with a
+    rank-deficient constraint Jacobian, naming the fix (concrete values only)."""
+    import numpy as np
+
+    g = np.asarray(system.holonomic(q0))
+    G = np.asarray(constraint_jacobian(system, q0))
+    name = type(system).__name__
+    if G.ndim != 2 or G.shape[1] != np.shape(q0)[0]:
+        raise ValueError(f"{name}.holonomic(q) must return a 1-D array of m constraint values.")
+    sv = np.linalg.svd(G, compute_uv=False)
+    if sv.size == 0 or sv[-1] <= 1e3 * np.finfo(G.dtype).eps * max(sv[0], 1.0):
+        raise ValueError(
+            f"The constraint Jacobian of {name}.holonomic has rank deficiency at q0 (singular "
+            f"values {sv}): the constraints are not independent there. Remove redundant "
+            f"constraints or start away from the singular configuration.")
+    if np.max(np.abs(g)) > tol:
+        raise InconsistentInitialData(
+            f"q0 violates {name}.holonomic by {np.max(np.abs(g)):.2e} (> {tol:.1e}). Project it "
+            f"with vijax.constraints.project_position(system, q0), or pass project=True to "
+            f"simulate.")
+    hidden = np.asarray(G @ np.asarray(v0))
+    if np.max(np.abs(hidden)) > tol:
+        raise InconsistentInitialData(
+            f"v0 violates the hidden constraint G(q0) v0 = 0 of {name} by "
+            f"{np.max(np.abs(hidden)):.2e} (> {tol:.1e}). Project it with "
+            f"vijax.constraints.project_velocity(system, q0, v0) (or project_momentum for p0), "
+            f"or pass project=True to simulate.")

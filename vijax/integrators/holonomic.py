@@ -1,0 +1,149 @@
+"""Holonomically constrained variational PRK (spec 000 §4.3; seed 000, eq. (13)).
+
+The augmented Hamilton--Pontryagin action adds ``-h sum_i b_i <Lam^i, g(Q^i)>`` (sign
+convention of :mod:`vijax.constraints`), which gives, per step,
+
+    Q^i = q_k + h sum_j a_ij V^j,          P^i = p_k + h sum_j â_ij W^j,
+    W^i = D1L(Q^i, V^i) - G(Q^i)^T Lam^i,   P^i = D2L(Q^i, V^i),
+    q_{k+1} = q_k + h sum_j b_j V^j,        p_{k+1} = p_k + h sum_j b_j W^j,
+    0 = g(Q^i)  (i = 2..s),                 0 = G(q_{k+1}) FL^{-1}(q_{k+1}, p_{k+1}).
+
+The last equation (tangency, the hidden constraint) closes the system; all ``Lam^1..Lam^s``
+are unknowns.  The tableau must satisfy H1--H3 (spec 000 §3.3): Lobatto IIIA--IIIB, whose
+``s``-stage member has order ``2s - 2`` on the constraint manifold; ``s = 2`` is RATTLE.
+The node velocity ``v_{k+1} = FL^{-1}(q_{k+1}, p_{k+1})`` is one more unknown, so the method
+works for any regular Lagrangian.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from .. import constraints as cons
+from .. import tableaus as tb
+from ..solvers import AbstractRootSolver, Newton
+from ._base import AbstractIntegrator, AbstractState
+from .vprk import VPRK, stage_values
+
+__all__ = ["HolonomicVPRK", "HolonomicState"]
+
+
+class HolonomicState(AbstractState):
+    """``(t, q, p, v)`` on the constraint manifold, the node multiplier ``lam`` and the last
+    step's stage values (``stages`` velocities, ``lams`` multipliers) for the predictor."""
+
+    t: Float[Array, ""]
+    q: Float[Array, " n"]
+    p: Float[Array, " n"]
+    v: Float[Array, " n"]
+    lam: Float[Array, " m"]
+    stages: Float[Array, "s n"]
+    lams: Float[Array, "s m"]
+
+
+def _check_hypotheses(pair: tb.PartitionedTableau) -> None:
+    a, b = pair.q.a, pair.q.b
+    problems = []
+    if np.max(np.abs(a[0])) > 1e-14:
+        problems.append("H1 (a_1j = 0)")
+    if np.max(np.abs(a[-1] - b)) > 1e-14:
+        problems.append("H3 (a_sj = b_j, stiffly accurate)")
+    if a.shape[0] > 1 and abs(np.linalg.det(a[1:, 1:])) < 1e-12:
+        problems.append("H2 (a_ij, i,j >= 2, invertible)")
+    if problems:
+        raise ValueError(
+            f"Constrained VPRK needs a tableau satisfying H1-H3 (spec 000 §3.3); "
+            f"{pair.name} violates {', '.join(problems)}. Use Lobatto IIIA-IIIB: "
+            f"HolonomicVPRK.lobatto(s)."
+        )
+
+
+class HolonomicVPRK(AbstractIntegrator):
+    """Constrained VPRK for systems with ``holonomic(q)`` (seed 000, eq. (13)).
+
+    Presets: :meth:`lobatto` (order ``2s - 2``), :meth:`rattle` (``s = 2``).  The stage
+    system (velocities, multipliers and the node velocity) is solved by full Newton by
+    default.
+    """
+
+    tableau: tb.PartitionedTableau
+    solver: AbstractRootSolver
+
+    symplectic = True
+    supports_holonomic = True
+    requires_holonomic = True
+
+    def __init__(self, tableau, solver: AbstractRootSolver | None = None):
+        pair = VPRK(tableau).tableau
+        _check_hypotheses(pair)
+        self.tableau = pair
+        self.solver = Newton() if solver is None else solver
+
+    @classmethod
+    def lobatto(cls, s: int, **kwargs) -> "HolonomicVPRK":
+        """Constrained Lobatto IIIA--IIIB, ``s >= 2`` stages, order ``2s - 2``."""
+        return cls(tb.lobatto_iiia_iiib(s), **kwargs)
+
+    @classmethod
+    def rattle(cls, **kwargs) -> "HolonomicVPRK":
+        """RATTLE: constrained Lobatto IIIA--IIIB with two stages, order 2."""
+        return cls(tb.lobatto_iiia_iiib(2), **kwargs)
+
+    @property
+    def order(self) -> int:
+        return self.tableau.order
+
+    @property
+    def stages(self) -> int:
+        return self.tableau.q.stages
+
+    @property
+    def name(self) -> str:
+        return "RATTLE" if self.stages == 2 else f"HolonomicVPRK[{self.tableau.name}]"
+
+    def check_initial(self, system, q0, v0, tol):
+        cons.check_consistent(system, q0, v0, tol)
+
+    def init(self, system, t0, q0, v0) -> HolonomicState:
+        lam0 = cons.multiplier(system, q0, v0)
+        s = self.stages
+        return HolonomicState(
+            t=jnp.asarray(t0, q0.dtype), q=q0, p=system.momentum(q0, v0), v=v0, lam=lam0,
+            stages=jnp.broadcast_to(v0, (s,) + v0.shape),
+            lams=jnp.broadcast_to(lam0, (s,) + lam0.shape),
+        )
+
+    def _residual(self, system, q, p, h, X):
+        a, ahat, b = (jnp.asarray(x, q.dtype) for x in
+                      (self.tableau.q.a, self.tableau.p.a, self.tableau.q.b))
+        # Unknowns are scaled to O(1) blocks: impulses mu^i = h Lam^i and the constraint rows
+        # divided by h, so that the Newton matrix stays well conditioned as h -> 0.
+        V, mus, v1 = X
+        Q, D1, D2 = stage_values(system, a, q, h, V)
+        G = jax.vmap(lambda x: cons.constraint_jacobian(system, x))(Q)
+        hW = h * D1 - jnp.einsum("imn,im->in", G, mus)
+        q1 = q + h * (b @ V)
+        p1 = p + b @ hW
+        res = (D2 - (p + ahat @ hW),
+               jax.vmap(system.holonomic)(Q[1:]) / h,
+               system.momentum(q1, v1) - p1,
+               cons.constraint_jacobian(system, q1) @ v1)
+        return res, (q1, p1)
+
+    def step(self, system, state: HolonomicState, h):
+        q, p = state.q, state.p
+        X0 = (state.stages, h * state.lams, state.v)
+        X, stats = self.solver.solve(lambda X: self._residual(system, q, p, h, X)[0], X0)
+        _, (q1, p1) = self._residual(system, q, p, h, X)
+        V, mus, v1 = X
+        lams = mus / h
+        new = HolonomicState(t=state.t + h, q=q1, p=p1, v=v1, lam=lams[-1], stages=V,
+                             lams=lams)
+        return new, stats
+
+    def velocity(self, system, state: HolonomicState):
+        return state.v
