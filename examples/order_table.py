@@ -23,7 +23,6 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import equinox as eqx  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy.special import ellipj, ellipk  # noqa: E402
@@ -93,19 +92,7 @@ PROBLEMS = {
 }
 
 
-@eqx.filter_jit
-def advance(system, integrator, q0, v0, h, n):
-    """``n`` steps of size ``h``.  ``n`` is a traced array, so one compilation per (system,
-    method) serves every step count (:func:`vijax.diagnostics.convergence_study` takes ``n``
-    as a Python int and recompiles for each one)."""
-
-    def body(_, carry):
-        state, ok = carry
-        state, stats = integrator.step(system, state, h)
-        return state, ok & stats.converged
-
-    state = integrator.init(system, jnp.zeros((), q0.dtype), q0, v0)
-    return jax.lax.fori_loop(0, n, body, (state, jnp.asarray(True)))
+advance = vj.diagnostics.advance
 
 
 def study(problem, integrator, ns):

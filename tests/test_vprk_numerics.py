@@ -141,19 +141,7 @@ def problems() -> dict[str, Problem]:
 # --------------------------------------------------------------------------------------------
 
 
-@eqx.filter_jit
-def _advance(system, integrator, q0, v0, h, n):
-    """``n`` steps of size ``h`` from ``(q0, v0)``; ``h`` and ``n`` are traced arrays, so one
-    compilation serves every step count.  Returns the final state and whether every stage
-    solve converged."""
-
-    def body(_, carry):
-        state, ok = carry
-        state, stats = integrator.step(system, state, h)
-        return state, ok & stats.converged
-
-    state = integrator.init(system, jnp.zeros((), q0.dtype), q0, v0)
-    return jax.lax.fori_loop(0, n, body, (state, jnp.asarray(True)))
+_advance = vj.diagnostics.advance
 
 
 @eqx.filter_jit

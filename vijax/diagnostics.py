@@ -21,6 +21,7 @@ __all__ = [
     "reference_solution",
     "ConvergenceStudy",
     "convergence_study",
+    "advance",
 ]
 
 
@@ -133,12 +134,13 @@ def symplecticity_defect(system, integrator, state, h) -> jax.Array:
 
 def euler_lagrange_rhs(system):
     """First-order form ``(q, v)' = (v, a)`` of the Euler--Lagrange equations, by autodiff:
-    ``d2L/dv2 a = D1L - (d2L/dv dq) v``.  Used for reference solutions."""
+    ``d2L/dv2 a = D1L - (d2L/dv dq) v``, with the system's ``inverse_velocity_hessian`` (closed
+    forms up to 3x3, no LAPACK call).  Used for reference solutions and as the vector field of
+    peer solvers in the benchmarks."""
 
     def rhs(q, v):
-        hess = system.velocity_hessian(q, v)
         mixed = jax.jacfwd(system.momentum, argnums=0)(q, v)
-        a = jnp.linalg.solve(hess, system.d1_lagrangian(q, v) - mixed @ v)
+        a = system.inverse_velocity_hessian(q, v) @ (system.d1_lagrangian(q, v) - mixed @ v)
         return v, a
 
     return rhs
@@ -190,8 +192,8 @@ def convergence_study(system, integrator, q0, v0, t_final, n_steps_list,
     hs, eq, ep = [], [], []
     for n in n_steps_list:
         h = t_final / n
-        state, ok = _advance(system, integrator, q0, v0, jnp.asarray(h, q0.dtype),
-                             jnp.asarray(int(n)))
+        state, ok = advance(system, integrator, q0, v0, jnp.asarray(h, q0.dtype),
+                            jnp.asarray(int(n)))
         if not bool(ok):
             raise RuntimeError(f"{integrator.name}: a stage solve did not converge (h = {h}).")
         hs.append(h)
@@ -203,9 +205,11 @@ def convergence_study(system, integrator, q0, v0, t_final, n_steps_list,
 
 
 @eqx.filter_jit
-def _advance(system, integrator, q0, v0, h, n):
-    """``n`` steps with a dynamic trip count: one compilation serves every step size (forward
-    only; :func:`vijax.simulate` is the differentiable driver)."""
+def advance(system, integrator, q0, v0, h, n):
+    """``n`` steps of size ``h`` from ``(q0, v0)``; returns the final state and whether every
+    stage solve converged.  Pass ``h`` and ``n`` as arrays: the trip count is dynamic, so one
+    compilation per (system, method) serves every step size and count (forward mode only;
+    :func:`vijax.simulate` is the reverse-differentiable driver)."""
 
     def body(_, carry):
         state, ok = carry

@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from .integrators._base import AbstractIntegrator, AbstractState
+from .integrators._base import AbstractIntegrator
 from .constraints import has_holonomic, project_position, project_velocity
-from .solvers import ConvergenceError, SolverStats
+from .solvers import ConvergenceError
 
 __all__ = ["simulate", "Solution", "StepStats"]
 
@@ -106,8 +106,8 @@ def _check_regular(system, q0, v0) -> None:
 
 def _initial_velocity(system, q0, v0, p0):
     if (v0 is None) == (p0 is None):
-        raise ValueError("Give exactly one of v0 (velocities) or p0 (momenta), not "
-                         + ("both." if v0 is not None else "neither."))
+        raise ValueError("Give exactly one of v0 (velocities) or p0 (momenta); "
+                         + ("both were given." if v0 is not None else "neither was given."))
     if v0 is not None:
         v0 = _vector("v0", v0, None)
         if v0.shape != q0.shape:
@@ -129,6 +129,9 @@ def _initial_velocity(system, q0, v0, p0):
 def _check_compatible(system, integrator) -> None:
     from .systems import LagrangianSystem  # local: systems imports solvers only
 
+    if isinstance(system, type) and issubclass(system, LagrangianSystem):
+        raise TypeError(f"system must be a vijax.LagrangianSystem instance, got the class "
+                        f"{system.__name__}; pass an instance, e.g. {system.__name__}().")
     if not isinstance(system, LagrangianSystem):
         raise TypeError(f"system must be a vijax.LagrangianSystem, got {type(system).__name__}.")
     if not isinstance(integrator, AbstractIntegrator):
@@ -214,7 +217,8 @@ def simulate(
     q0 = _vector("q0", q0, getattr(system, "ndim", None))
     if not isinstance(n_steps, numbers.Integral) or isinstance(n_steps, bool) or n_steps <= 0:
         raise ValueError(f"n_steps must be a positive Python int, got {n_steps!r}.")
-    if not isinstance(save_every, numbers.Integral) or save_every <= 0:
+    if not isinstance(save_every, numbers.Integral) or isinstance(save_every, bool) \
+            or save_every <= 0:
         raise ValueError(f"save_every must be a positive Python int, got {save_every!r}.")
     n_steps, save_every = int(n_steps), int(save_every)  # numpy integers -> static ints
     if n_steps % save_every:
@@ -237,7 +241,14 @@ def simulate(
     check = getattr(integrator, "check_initial", None)
     if check is not None and not (_is_traced(q0) or _is_traced(v0)):
         check(system, q0, v0, float(jnp.finfo(dtype).eps) ** 0.6)
+    for name, x in (("q0", q0), ("v0", v0)):
+        if not _is_traced(x) and not bool(np.all(np.isfinite(np.asarray(x)))):
+            raise ValueError(f"{name} contains non-finite values: {np.asarray(x)}.")
     t0 = jnp.asarray(t0, dtype)
+    # Python-float parameters become arrays of the working dtype: jit then traces them
+    # (no recompilation per value) and the system follows the dtype of q0.
+    system = jax.tree_util.tree_map(
+        lambda x: jnp.asarray(x, dtype) if isinstance(x, float) else x, system)
 
     t, states, v, stats = _run(system, integrator, q0, v0, t0, dt, n_steps // save_every,
                                save_every)

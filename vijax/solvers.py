@@ -194,7 +194,7 @@ class AbstractRootSolver(eqx.Module):
         """
         x0, unravel = ravel_pytree(x0)
         flat = lambda y: ravel_pytree(y)[0]  # noqa: E731
-        f = lambda y: flat(fn(unravel(y)))  # noqa: E731
+        f = lambda y: flat(fn(unravel(y))).astype(x0.dtype)  # noqa: E731
         pc = None if precond is None else (lambda r: flat(precond(unravel(r))))
         if self.implicit_diff:
             # custom_root differentiates its aux output too, so the integer/bool statistics

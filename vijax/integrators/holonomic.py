@@ -17,7 +17,6 @@ works for any regular Lagrangian.
 
 from __future__ import annotations
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,8 +25,8 @@ from jaxtyping import Array, Float
 from .. import constraints as cons
 from .. import tableaus as tb
 from ..solvers import AbstractRootSolver, Newton
-from ._base import AbstractIntegrator, AbstractState
-from .vprk import VPRK, stage_values
+from ._base import AbstractState
+from .vprk import VPRK, AbstractPRK, stage_values
 
 __all__ = ["HolonomicVPRK", "HolonomicState"]
 
@@ -62,7 +61,7 @@ def _check_hypotheses(pair: tb.PartitionedTableau) -> None:
         )
 
 
-class HolonomicVPRK(AbstractIntegrator):
+class HolonomicVPRK(AbstractPRK):
     """Constrained VPRK for systems with ``holonomic(q)`` (seed 000, eq. (13)).
 
     Presets: :meth:`lobatto` (order ``2s - 2``), :meth:`rattle` (``s = 2``).  The stage
@@ -94,14 +93,6 @@ class HolonomicVPRK(AbstractIntegrator):
         return cls(tb.lobatto_iiia_iiib(2), **kwargs)
 
     @property
-    def order(self) -> int:
-        return self.tableau.order
-
-    @property
-    def stages(self) -> int:
-        return self.tableau.q.stages
-
-    @property
     def name(self) -> str:
         return "RATTLE" if self.stages == 2 else f"HolonomicVPRK[{self.tableau.name}]"
 
@@ -118,8 +109,7 @@ class HolonomicVPRK(AbstractIntegrator):
         )
 
     def _residual(self, system, q, p, h, X):
-        a, ahat, b = (jnp.asarray(x, q.dtype) for x in
-                      (self.tableau.q.a, self.tableau.p.a, self.tableau.q.b))
+        a, ahat, b = self._coefficients(q.dtype)
         # Unknowns are scaled to O(1) blocks: impulses mu^i = h Lam^i and the constraint rows
         # divided by h, so that the Newton matrix stays well conditioned as h -> 0.
         V, mus, v1 = X

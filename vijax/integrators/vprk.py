@@ -23,12 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .. import _linalg
 from .. import tableaus as tb
 from ..solvers import AbstractRootSolver, FixedPoint
 from ._base import AbstractIntegrator, AbstractState
 
-__all__ = ["VPRK", "VPRKState", "stage_values"]
+__all__ = ["AbstractPRK", "VPRK", "VPRKState", "stage_values"]
 
 _CONJUGACY_TOL = 1e-12
 
@@ -69,7 +68,28 @@ def _as_pair(tableau) -> tb.PartitionedTableau:
     )
 
 
-class VPRK(AbstractIntegrator):
+class AbstractPRK(AbstractIntegrator):
+    """Shared traits of the partitioned Runge--Kutta families (VPRK and its constrained
+    variants): a symplectic-conjugate tableau pair and a root solver."""
+
+    tableau: eqx.AbstractVar[tb.PartitionedTableau]
+    solver: eqx.AbstractVar[AbstractRootSolver]
+
+    @property
+    def order(self) -> int:
+        return self.tableau.order
+
+    @property
+    def stages(self) -> int:
+        return self.tableau.q.stages
+
+    def _coefficients(self, dtype):
+        """``(a, â, b)`` cast to the working dtype (constants in compiled code)."""
+        q, p = self.tableau.q, self.tableau.p
+        return tuple(jnp.asarray(x, dtype) for x in (q.a, p.a, q.b))
+
+
+class VPRK(AbstractPRK):
     """Variational partitioned Runge--Kutta method (seed 000, eq. (9)).
 
     Parameters
@@ -127,15 +147,6 @@ class VPRK(AbstractIntegrator):
         """Störmer--Verlet (Lobatto IIIA--IIIB, two stages), order 2."""
         return cls(tb.lobatto_iiia_iiib(2), **kwargs)
 
-    # -- traits -----------------------------------------------------------------------------
-    @property
-    def order(self) -> int:
-        return self.tableau.order
-
-    @property
-    def stages(self) -> int:
-        return self.tableau.q.stages
-
     @property
     def name(self) -> str:
         return f"VPRK[{self.tableau.name}]"
@@ -146,27 +157,27 @@ class VPRK(AbstractIntegrator):
         stages = jnp.broadcast_to(v0, (self.stages,) + v0.shape)
         return VPRKState(t=jnp.asarray(t0, q0.dtype), q=q0, p=p0, stages=stages)
 
-    def _coefficients(self, dtype):
-        q, p = self.tableau.q, self.tableau.p
-        a, ahat, b = (jnp.asarray(x, dtype) for x in (q.a, p.a, q.b))
+    def _extrapolation(self, dtype):
+        """Predictor matrix: previous stages -> this step's stages."""
+        s = self.stages
         if self.predictor == "extrapolate":
-            c = np.asarray(q.c)
+            c = np.asarray(self.tableau.q.c)
             extrap = tb.lagrange_extrapolation_matrix(c, 1.0 + c)
         else:
-            extrap = np.zeros((q.stages, q.stages))
+            extrap = np.zeros((s, s))
             extrap[:, -1] = 1.0
-        return a, ahat, b, jnp.asarray(extrap, dtype)
+        return jnp.asarray(extrap, dtype)
 
     def stage_residual(self, system, q, p, h, V):
         """Residual ``D2L(Q^i, V^i) - P^i`` of seed 000 eq. (9), and the stage ``W^i``."""
-        a, ahat, _, _ = self._coefficients(q.dtype)
+        a, ahat, _ = self._coefficients(q.dtype)
         _, W, D2 = stage_values(system, a, q, h, V)
         return D2 - (p + h * (ahat @ W)), W
 
     def step(self, system, state: VPRKState, h):
         q, p = state.q, state.p
-        _, _, b, extrap = self._coefficients(q.dtype)
-        V0 = extrap @ state.stages
+        _, _, b = self._coefficients(q.dtype)
+        V0 = self._extrapolation(q.dtype) @ state.stages
         # Approximate Jacobian of the residual in V: block-diagonal d2L/dv2 at the step start
         # (exact up to O(h) terms), inverted once per step.
         minv = system.inverse_velocity_hessian(q, V0[-1])

@@ -1,0 +1,445 @@
+"""Tests for vijax.solvers: Newton, SimplifiedNewton and FixedPoint.
+
+Convergence on small nonlinear systems, the reported statistics, graceful non-convergence
+(never an exception, never a false ``converged``), NaN handling, gradients by the implicit
+function theorem against the analytic derivative of the root and against unrolled
+iterations, and jit / vmap / dtype behaviour.
+"""
+
+import jax
+
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vijax.solvers import FixedPoint, Newton, SimplifiedNewton, default_tolerance
+
+# x^3 = a componentwise; from x0 = 1 every solver below converges for these a (the
+# simplified-Newton map x - (x^3 - a)/3 contracts with rate |1 - x*^2| <= 0.37 here).
+A = jnp.array([0.8, 1.2, 1.6])
+ROOT = A ** (1.0 / 3.0)
+
+
+def cubic(a):
+    return lambda x: x**3 - a
+
+
+def cubic_precond(x0):
+    """Inverse Jacobian of the cubic at the predictor (what VPRK supplies to FixedPoint)."""
+    return lambda r: r / (3.0 * x0**2)
+
+
+def run(solver, fn, x0, precond=None):
+    return solver.solve(fn, x0, precond if isinstance(solver, FixedPoint) else None)
+
+
+ALL_SOLVERS = {
+    "newton": Newton(),
+    "simplified_newton": SimplifiedNewton(),
+    "fixed_point": FixedPoint(),
+    "newton_unrolled": Newton(implicit_diff=False),
+    "simplified_newton_unrolled": SimplifiedNewton(implicit_diff=False),
+    "fixed_point_unrolled": FixedPoint(implicit_diff=False),
+}
+solver_params = pytest.mark.parametrize("solver", list(ALL_SOLVERS.values()),
+                                        ids=list(ALL_SOLVERS))
+# The iteration is the same code with or without implicit_diff (while_loop vs masked scan);
+# the cheaper tests run on all six variants, the rest on these four.
+SOME = ["newton", "simplified_newton", "fixed_point", "fixed_point_unrolled"]
+
+
+def solvers(*names):
+    return pytest.mark.parametrize("solver", [ALL_SOLVERS[k] for k in names], ids=list(names))
+
+
+some_solver_params = solvers(*SOME)
+
+
+# ---------------------------------------------------------------------------------------------
+# Convergence and statistics
+# ---------------------------------------------------------------------------------------------
+
+
+def test_default_tolerance():
+    """A pure function of the dtype, between round-off and a loose engineering tolerance."""
+    tol64, tol32 = default_tolerance(jnp.float64), default_tolerance(jnp.float32)
+    assert isinstance(tol64, float) and isinstance(tol32, float)
+    assert np.finfo(np.float64).eps <= tol64 <= 1e-12
+    assert np.finfo(np.float32).eps <= tol32 <= 1e-5
+    assert default_tolerance(np.dtype("float64")) == tol64
+
+
+@solver_params
+def test_cubic_converges(solver):
+    x0 = jnp.ones(3)
+    x, st = run(solver, cubic(A), x0, cubic_precond(x0))
+    assert x.shape == (3,) and x.dtype == jnp.float64
+    np.testing.assert_allclose(x, ROOT, rtol=1e-12, atol=0)
+    assert bool(st.converged)
+    assert 1 <= int(st.iterations) < solver.max_steps
+    assert st.iterations.dtype == jnp.int32 and st.converged.dtype == jnp.bool_
+    # residual: max-norm of F at the iterate before the returned root
+    assert 0.0 <= float(st.residual) < 1e-9
+    # the returned root is at least as good as the last residual (up to round-off)
+    assert float(jnp.max(jnp.abs(cubic(A)(x)))) <= float(st.residual) + 1e-14
+
+
+@solvers("newton", "fixed_point_unrolled")
+def test_keeps_the_shape_of_the_unknowns(solver):
+    """Unknowns of any shape (VPRK uses (stages, n)) are flattened and restored."""
+    a = jnp.reshape(jnp.array([0.8, 1.2, 1.6, 1.0, 0.9, 1.3]), (2, 3))
+    x0 = jnp.ones((2, 3))
+    x, st = run(solver, cubic(a), x0, cubic_precond(x0))
+    assert x.shape == (2, 3)
+    np.testing.assert_allclose(x, a ** (1.0 / 3.0), rtol=1e-12)
+    assert bool(st.converged)
+
+
+def test_pytree_unknowns():
+    """Unknowns may be a pytree; the residual a pytree with as many scalars."""
+    def fn(x):
+        return jnp.concatenate([x["u"] ** 3 - A[:2], (x["w"] ** 3 - A[2])[None]])
+
+    x0 = {"u": jnp.ones(2), "w": jnp.ones(())}
+    x, st = Newton().solve(fn, x0)
+    assert bool(st.converged)
+    assert x["u"].shape == (2,) and x["w"].shape == ()
+    np.testing.assert_allclose(jnp.append(x["u"], x["w"]), ROOT, rtol=1e-12)
+
+
+def _reference_iterates(update, x0, n):
+    """x_0, x_1, ..., x_n of the documented iteration x <- x - dx, and the residuals F(x_k)."""
+    xs, rs = [np.asarray(x0, dtype=np.float64)], []
+    for _ in range(n):
+        dx, r = update(xs[-1])
+        xs.append(xs[-1] - dx)
+        rs.append(np.max(np.abs(r)))
+    return xs, rs
+
+
+@pytest.mark.parametrize("implicit_diff", [True, False])
+@pytest.mark.parametrize("kind", ["newton", "simplified_newton", "fixed_point"])
+def test_statistics_match_a_reference_implementation(kind, implicit_diff):
+    """``iterations`` counts the updates that produced the returned root, ``residual`` is
+    max|F| at the iterate before it, and the stopping rule neither stops before the
+    tolerance is met nor runs much past it."""
+    tol = 1e-9  # far from round-off, so the comparisons are unambiguous
+    a = np.asarray(A)
+    x0 = np.ones(3)
+    cls = {"newton": Newton, "simplified_newton": SimplifiedNewton,
+           "fixed_point": FixedPoint}[kind]
+    solver = cls(rtol=tol, atol=tol, implicit_diff=implicit_diff)
+    if kind == "newton":
+        ref_update = lambda x: ((x**3 - a) / (3 * x**2), x**3 - a)  # noqa: E731
+    else:  # Jacobian (or preconditioner) frozen at x0 = 1
+        ref_update = lambda x: ((x**3 - a) / 3.0, x**3 - a)  # noqa: E731
+    x, st = run(solver, cubic(jnp.asarray(a)), jnp.asarray(x0), cubic_precond(jnp.asarray(x0)))
+    xs, rs = _reference_iterates(ref_update, x0, solver.max_steps)
+    root = a ** (1.0 / 3.0)
+    errors = [np.max(np.abs(xk - root) / (tol + tol * np.abs(root))) for xk in xs]
+    k = int(st.iterations)
+    assert bool(st.converged)
+    assert 1 <= k < solver.max_steps
+    np.testing.assert_allclose(x, xs[k], rtol=1e-14)
+    np.testing.assert_allclose(float(st.residual), rs[k - 1], rtol=1e-6, atol=1e-15)
+    assert errors[k] <= 10.0  # the returned root meets the tolerance
+    first_ok = next(j for j, e in enumerate(errors) if e <= 1.0)
+    assert k <= first_ok + 2  # ... without wasting iterations
+    if kind == "newton":
+        assert k <= 6  # quadratic convergence
+
+
+def test_looser_tolerance_means_fewer_iterations():
+    x0 = jnp.ones(3)
+    _, tight = FixedPoint().solve(cubic(A), x0, cubic_precond(x0))
+    _, loose = FixedPoint(rtol=1e-4, atol=1e-4).solve(cubic(A), x0, cubic_precond(x0))
+    assert bool(tight.converged) and bool(loose.converged)
+    assert int(loose.iterations) < int(tight.iterations)
+
+
+def test_fixed_point_without_preconditioner():
+    """Plain iteration x <- x - F(x) for a contraction: F(x) = (x - cos x) / 2."""
+    fn = lambda x: 0.5 * (x - jnp.cos(x))  # noqa: E731
+    x, st = FixedPoint().solve(fn, jnp.zeros(2))
+    np.testing.assert_allclose(x, 0.7390851332151607, rtol=1e-12)
+    assert bool(st.converged)
+
+
+def coupled(theta):
+    """A 2-D coupled system: a circle of radius^2 theta0 meets y = theta1 - exp(x)."""
+    def fn(z):
+        x, y = z[0], z[1]
+        return jnp.stack([x**2 + y**2 - theta[0], jnp.exp(x) + y - theta[1]])
+    return fn
+
+
+THETA = jnp.array([4.0, 1.0])
+Z0 = jnp.array([-1.5, 1.0])
+
+
+def coupled_jacobian(z):
+    x, y = z[0], z[1]
+    return jnp.array([[2 * x, 2 * y], [jnp.exp(x), 1.0]])
+
+
+@some_solver_params
+def test_coupled_2d_system(solver):
+    from scipy.optimize import fsolve
+
+    ref = fsolve(lambda z: np.asarray(coupled(THETA)(jnp.asarray(z))), np.asarray(Z0),
+                 fprime=lambda z: np.asarray(coupled_jacobian(jnp.asarray(z))), xtol=1e-14)
+    jinv = jnp.linalg.inv(coupled_jacobian(Z0))
+    z, st = run(solver, coupled(THETA), Z0, lambda r: jinv @ r)
+    assert bool(st.converged)
+    np.testing.assert_allclose(z, ref, rtol=1e-11)
+    assert float(jnp.max(jnp.abs(coupled(THETA)(z)))) < 1e-12
+
+
+# ---------------------------------------------------------------------------------------------
+# Failure modes: reported, never raised, never a false "converged"
+# ---------------------------------------------------------------------------------------------
+
+
+@some_solver_params
+def test_iteration_cap_reports_non_convergence(solver):
+    capped = type(solver)(max_steps=2, implicit_diff=solver.implicit_diff)
+    x0 = jnp.ones(3)
+    x, st = run(capped, cubic(A), x0, cubic_precond(x0))
+    assert not bool(st.converged)
+    assert int(st.iterations) == 2
+    assert bool(jnp.all(jnp.isfinite(x)))
+    assert float(st.residual) > 1e-3
+
+
+@solver_params
+def test_no_root_is_not_converged(solver):
+    """x^2 + 1 = 0 has no real root: whatever the iterates do, converged must stay False."""
+    fn = lambda x: x**2 + 1.0  # noqa: E731
+    x0 = jnp.array([0.5, -2.0, 3.0])
+    x, st = run(solver, fn, x0, lambda r: r / 2.0)
+    assert not bool(st.converged)
+    assert 1 <= int(st.iterations) <= solver.max_steps
+    # either the cap was hit or a non-finite iterate stopped the loop
+    assert int(st.iterations) == solver.max_steps or not bool(jnp.all(jnp.isfinite(x)))
+
+
+@pytest.mark.parametrize("implicit_diff", [True, False])
+def test_nan_residual_stops_immediately(implicit_diff):
+    # sqrt of a negative number: the very first residual (and iterate) is NaN
+    fn = lambda x: jnp.sqrt(x) - 2.0  # noqa: E731
+    x, st = Newton(implicit_diff=implicit_diff).solve(fn, jnp.array([-1.0]))
+    assert not bool(st.converged)
+    assert int(st.iterations) == 1
+    assert bool(jnp.isnan(st.residual))
+
+
+@solvers("newton", "simplified_newton", "fixed_point")
+def test_nan_after_a_few_iterations(solver):
+    # Newton on log x + 5 = 0 from 0.5 jumps to a negative x, where log is NaN
+    fn = lambda x: jnp.log(x) + 5.0  # noqa: E731
+    x0 = jnp.array([0.5])
+    x, st = run(solver, fn, x0, lambda r: r * x0)  # x0 * r = J(x0)^{-1} r
+    assert not bool(st.converged)
+    assert int(st.iterations) < solver.max_steps  # stopped by the NaN, not the cap
+
+
+def test_nan_stops_the_loop_early_in_one_component():
+    """One bad component is enough to report failure for the whole solve."""
+    fn = lambda x: jnp.sqrt(x) - 1.0  # noqa: E731
+    x, st = Newton().solve(fn, jnp.array([0.5, -1.0, 2.0]))
+    assert not bool(st.converged)
+    assert int(st.iterations) == 1
+
+
+def test_damped_newton_converges_where_plain_newton_diverges():
+    """arctan(x - 1) from x0 = 4: plain Newton overshoots further every step; the line search
+    of Newton(damped=True) brings it home."""
+    fn = lambda x: jnp.arctan(x - 1.0)  # noqa: E731
+    x0 = jnp.array([4.0])
+    x, st = Newton().solve(fn, x0)
+    assert not bool(st.converged)
+    x, st = Newton(damped=True).solve(fn, x0)
+    assert bool(st.converged)
+    np.testing.assert_allclose(x, 1.0, rtol=1e-13)
+    # no root: the line search stalls, and that is not mistaken for convergence
+    x, st = Newton(damped=True).solve(lambda x: x**2 + 1.0, jnp.array([0.5, -2.0, 3.0]))
+    assert not bool(st.converged)
+
+
+@pytest.mark.parametrize("implicit_diff", [True, False])
+def test_damped_newton_gradient(implicit_diff):
+    solver = Newton(damped=True, implicit_diff=implicit_diff)
+
+    def root(c):  # arctan(x - c) = c^3 - 1 at x = c + tan(c^3 - 1)
+        return solver.solve(lambda x: jnp.arctan(x - c) - (c**3 - 1.0), jnp.array([4.0]))[0][0]
+
+    c = 1.1
+    x, dx_dc = jax.jit(jax.value_and_grad(root))(c)
+    np.testing.assert_allclose(x, c + np.tan(c**3 - 1.0), rtol=1e-13)
+    np.testing.assert_allclose(dx_dc, 1.0 + 3 * c**2 / np.cos(c**3 - 1.0) ** 2, rtol=1e-10)
+
+
+@pytest.mark.parametrize("rate", [0.5, 0.99, 0.999])
+def test_slow_contraction_is_not_declared_converged_early(rate):
+    """A linearly converging iteration with rate close to 1 has tiny increments long before
+    the error is small: the stopping test must account for the rate (a test on the last
+    increment alone stops at an error ~ tol / (1 - rate), 1000x too large at rate 0.999)."""
+    tol = 1e-10
+    x, st = FixedPoint(rtol=tol, atol=tol, max_steps=50_000).solve(
+        lambda x: x - 2.0, jnp.array([0.0]), lambda r: (1.0 - rate) * r)
+    assert bool(st.converged)
+    assert abs(float(x[0]) - 2.0) <= 10 * tol * (1.0 + 2.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradients: implicit function theorem vs analytic derivative vs unrolled iterations
+# ---------------------------------------------------------------------------------------------
+
+
+def cubic_root(solver, a):
+    x0 = jnp.ones_like(a)
+    x, _ = run(solver, cubic(a), x0, cubic_precond(x0))
+    return x
+
+
+GRAD_SOLVERS = ["newton", "simplified_newton", "fixed_point"]
+
+
+@pytest.mark.parametrize("kind", GRAD_SOLVERS)
+def test_cubic_root_gradients(kind):
+    ift, unrolled = ALL_SOLVERS[kind], ALL_SOLVERS[kind + "_unrolled"]
+    w = jnp.array([0.3, -1.2, 0.7])
+    analytic = w / (3.0 * ROOT**2)  # d(a^{1/3})/da = 1/(3 x^2)
+
+    da = jnp.array([1.0, 0.5, -2.0])
+
+    @jax.jit
+    def everything(a, da):
+        out = {}
+        for name, solver in (("ift", ift), ("unrolled", unrolled)):
+            out[name + "_grad"] = jax.grad(lambda a: jnp.vdot(w, cubic_root(solver, a)))(a)
+            out[name + "_jvp"] = jax.jvp(lambda a: cubic_root(solver, a), (a,), (da,))
+        return out
+
+    out = everything(A, da)
+    np.testing.assert_allclose(out["ift_grad"], analytic, rtol=1e-11)
+    np.testing.assert_allclose(out["unrolled_grad"], analytic, rtol=1e-9)
+    np.testing.assert_allclose(out["unrolled_grad"], out["ift_grad"], rtol=1e-9)
+    # forward mode: jvp along a direction == analytic derivative times the direction
+    for name in ("ift", "unrolled"):
+        val, tangent = out[name + "_jvp"]
+        np.testing.assert_allclose(val, ROOT, rtol=1e-12)
+        np.testing.assert_allclose(tangent, da / (3.0 * ROOT**2), rtol=1e-9)
+
+
+@pytest.mark.parametrize("kind", GRAD_SOLVERS)
+def test_coupled_root_jacobian(kind):
+    """f(z; theta) = g(z) - theta, so dz/dtheta = J(z*)^{-1} (implicit function theorem)."""
+    jinv0 = jnp.linalg.inv(coupled_jacobian(Z0))
+
+    def root(solver, theta):
+        z, _ = run(solver, coupled(theta), Z0, lambda r: jinv0 @ r)
+        return z
+
+    @jax.jit
+    def all_jacobians(theta):
+        ift = lambda t: root(ALL_SOLVERS[kind], t)  # noqa: E731
+        unrolled = lambda t: root(ALL_SOLVERS[kind + "_unrolled"], t)  # noqa: E731
+        return (ift(theta), jax.jacrev(ift)(theta), jax.jacfwd(ift)(theta),
+                jax.jacrev(unrolled)(theta))
+
+    z, jac_rev, jac_fwd, jac_unrolled = all_jacobians(THETA)
+    analytic = jnp.linalg.inv(coupled_jacobian(z))
+    np.testing.assert_allclose(jac_rev, analytic, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(jac_fwd, analytic, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(jac_unrolled, jac_rev, rtol=1e-8, atol=1e-10)
+
+
+def test_gradient_through_a_closure_parameter_of_the_residual():
+    """The residual closes over a scalar; jax.grad w.r.t. it is the IFT derivative."""
+    def root(c):
+        x, _ = Newton().solve(lambda x: x**3 + c * x - 1.0, jnp.array([1.0]))
+        return x[0]
+
+    c = 0.7
+    x, dx_dc = jax.jit(jax.value_and_grad(root))(c)
+    np.testing.assert_allclose(x**3 + c * x, 1.0, rtol=1e-14)
+    # x^3 + c x - 1 = 0  =>  dx/dc = -x / (3x^2 + c)
+    np.testing.assert_allclose(dx_dc, -x / (3 * x**2 + c), rtol=1e-12)
+
+
+def test_statistics_carry_no_gradient():
+    def f(a):
+        _, st = Newton().solve(cubic(a), jnp.ones(3))
+        return st.residual + st.iterations.astype(a.dtype)
+    g = jax.grad(lambda a: f(a))(A)
+    np.testing.assert_array_equal(g, jnp.zeros(3))
+
+
+# ---------------------------------------------------------------------------------------------
+# jit, vmap, dtypes
+# ---------------------------------------------------------------------------------------------
+
+
+@solvers("newton", "fixed_point_unrolled")
+def test_jit_matches_eager(solver):
+    eager = cubic_root(solver, A)
+    jitted = jax.jit(lambda a: cubic_root(solver, a))(A)
+    np.testing.assert_allclose(jitted, eager, rtol=1e-15)
+    np.testing.assert_allclose(jitted, ROOT, rtol=1e-12)
+
+
+@solvers("newton", "fixed_point", "fixed_point_unrolled")
+def test_vmap_matches_loop_including_stats(solver):
+    """Batch members needing different iteration counts keep their own results and stats."""
+    batch = jnp.array([[0.8, 1.2, 1.6], [1.0, 1.0, 1.0], [0.9, 1.1, 1.3], [1.6, 1.6, 1.6]])
+    x0 = jnp.ones(3)
+
+    @jax.jit
+    def solve(a):
+        return run(solver, cubic(a), x0, cubic_precond(x0))
+
+    xs, sts = jax.jit(jax.vmap(solve))(batch)
+    assert xs.shape == (4, 3) and sts.iterations.shape == (4,)
+    for i, a in enumerate(batch):
+        x, st = solve(a)
+        np.testing.assert_allclose(xs[i], x, rtol=1e-14)
+        assert int(sts.iterations[i]) == int(st.iterations)
+        assert bool(sts.converged[i]) == bool(st.converged)
+    assert len(set(np.asarray(sts.iterations).tolist())) > 1  # genuinely different counts
+
+
+def test_vmap_of_grad_and_jit_of_vmap():
+    batch = jnp.array([[0.5, 1.5, 2.0], [1.0, 3.0, 0.2]])
+    g = jax.jit(jax.vmap(jax.grad(lambda a: jnp.sum(cubic_root(Newton(), a)))))(batch)
+    np.testing.assert_allclose(g, 1.0 / (3.0 * batch ** (2.0 / 3.0)), rtol=1e-11)
+
+
+def test_vmap_with_a_failing_member():
+    """One batch member without a root does not spoil the others."""
+    batch = jnp.array([[2.0], [-1.0], [3.0]])
+
+    def solve(c):
+        return Newton().solve(lambda x: x**2 - c, jnp.array([1.0]))
+
+    xs, sts = jax.vmap(solve)(batch)
+    np.testing.assert_array_equal(np.asarray(sts.converged), [True, False, True])
+    np.testing.assert_allclose(xs[0], jnp.sqrt(2.0), rtol=1e-13)
+    np.testing.assert_allclose(xs[2], jnp.sqrt(3.0), rtol=1e-13)
+
+
+@some_solver_params
+def test_float32_stays_float32(solver):
+    a = A.astype(jnp.float32)
+    x0 = jnp.ones(3, jnp.float32)
+    x, st = run(solver, cubic(a), x0, cubic_precond(x0))
+    assert x.dtype == jnp.float32
+    assert st.residual.dtype == jnp.float32
+    assert bool(st.converged)
+    np.testing.assert_allclose(x, np.asarray(ROOT), rtol=1e-5)
+
+    g = jax.jit(jax.grad(lambda a: jnp.sum(cubic_root(solver, a))))(a)
+    assert g.dtype == jnp.float32
+    # unrolled linear iterations stop at |dx| ~ 3e-6, so their derivative is a bit less exact
+    np.testing.assert_allclose(g, 1.0 / (3.0 * np.asarray(ROOT) ** 2), rtol=1e-3)
