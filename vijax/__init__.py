@@ -4,7 +4,7 @@ vijax never changes global JAX configuration: enable float64 yourself with
 ``jax.config.update("jax_enable_x64", True)``; the library follows the dtype of its inputs.
 """
 
-from . import constraints, diagnostics, solvers, systems, tableaus
+from . import constraints, diagnostics, lie, solvers, systems, tableaus
 from .integrators import (AbstractIntegrator, AbstractState, HolonomicState, HolonomicVPRK, VPRK,
                           VPRKState)
 from .simulate import Solution, StepStats, simulate
@@ -16,5 +16,5 @@ __version__ = "0.1.0"
 __all__ = [
     "simulate", "Solution", "StepStats", "LagrangianSystem", "MechanicalSystem",
     "AbstractIntegrator", "AbstractState", "VPRK", "VPRKState", "HolonomicVPRK", "HolonomicState", "ConvergenceError",
-    "tableaus", "constraints", "solvers", "systems", "diagnostics",
+    "tableaus", "lie", "constraints", "solvers", "systems", "diagnostics",
 ]

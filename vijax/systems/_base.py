@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from .. import _linalg
+from ..lie import AbstractLieGroup, Rn
 from ..solvers import Newton
 
 __all__ = ["LagrangianSystem", "MechanicalSystem"]
@@ -50,6 +51,11 @@ class LagrangianSystem(eqx.Module):
     @abc.abstractmethod
     def lagrangian(self, q: Float[Array, " n"], v: Float[Array, " n"]) -> Float[Array, ""]:
         """The Lagrangian ``L(q, v)`` (a scalar)."""
+
+    def group(self, q) -> "AbstractLieGroup":
+        """The configuration space as a Lie group: ``R^n`` for a vector-space system
+        (Lie-group systems override it)."""
+        return Rn(q.shape[-1])
 
     # -- derivatives, all by autodiff -------------------------------------------------------
     def d1_lagrangian(self, q, v):
