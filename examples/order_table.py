@@ -15,6 +15,7 @@ order is more than 0.3 away from theory.  Runs in well under a minute on 2 CPU c
 
 from __future__ import annotations
 
+import importlib.util
 import pathlib
 import sys
 import time
@@ -46,17 +47,13 @@ PRESETS = [
     ("VPRK.lobatto(5)", lambda: vj.VPRK.lobatto(5), 8),
 ]
 
-# Step counts per (problem, order): asymptotic regime, errors between ~1e-3 and ~5e-13.
-STEP_COUNTS = {
-    ("pendulum", 2): [400, 800, 1600, 3200],
-    ("pendulum", 4): [50, 100, 200, 400, 800],
-    ("pendulum", 6): [30, 45, 68, 101, 152],
-    ("pendulum", 8): [32, 40, 50, 63, 79],
-    ("kepler", 2): [4000, 8000, 16000, 32000],
-    ("kepler", 4): [200, 400, 800, 1600, 3200],
-    ("kepler", 6): [60, 90, 135, 203, 304],
-    ("kepler", 8): [75, 94, 117, 146, 183],
-}
+# Step counts per (problem, order): the study design of the test suite, loaded from it so that
+# this table and the asserted orders can never drift apart.
+_spec = importlib.util.spec_from_file_location(
+    "_vprk_numerics", pathlib.Path(__file__).resolve().parents[1] / "tests" / "test_vprk_numerics.py")
+_numerics = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_numerics)
+STEP_COUNTS = _numerics.STEP_COUNTS
 
 
 def pendulum_problem(theta0=1.5, t_final=4.0):
