@@ -109,6 +109,9 @@ class MechanicalSystem(LagrangianSystem):
     """
 
     quadratic_in_velocity: ClassVar[bool] = True
+    #: Declare ``True`` when ``M`` does not depend on ``q`` (VPRK then preconditions its
+    #: stage iteration with one inverse per step instead of one per stage and update).
+    constant_mass: ClassVar[bool] = False
 
     @abc.abstractmethod
     def mass_matrix(self, q: Float[Array, " n"]) -> Float[Array, "n n"]:

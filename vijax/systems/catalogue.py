@@ -16,6 +16,7 @@ class HarmonicOscillator(MechanicalSystem):
 
     m: float = 1.0
     k: float = 1.0
+    constant_mass: ClassVar[bool] = True
 
     def mass_matrix(self, q):
         return self.m * jnp.eye(q.shape[0], dtype=q.dtype)
@@ -31,6 +32,7 @@ class Pendulum(MechanicalSystem):
     l: float = 1.0  # noqa: E741
     g: float = 9.81
     ndim: ClassVar[int] = 1
+    constant_mass: ClassVar[bool] = True
 
     def mass_matrix(self, q):
         return jnp.full((1, 1), self.m * self.l**2, dtype=q.dtype)
@@ -69,6 +71,7 @@ class Kepler(MechanicalSystem):
     m: float = 1.0
     mu: float = 1.0
     ndim: ClassVar[int] = 2
+    constant_mass: ClassVar[bool] = True
 
     def mass_matrix(self, q):
         return self.m * jnp.eye(2, dtype=q.dtype)
@@ -91,6 +94,7 @@ class HenonHeiles(MechanicalSystem):
 
     lam: float = 1.0
     ndim: ClassVar[int] = 2
+    constant_mass: ClassVar[bool] = True
 
     def mass_matrix(self, q):
         return jnp.eye(2, dtype=q.dtype)
