@@ -109,7 +109,7 @@ FULL = dict(
     ),
     c=dict(n_steps=100_000, save_every=10_000, h=0.01, repeats=5, kvaerno_root_tol=1e-6,
            kvaerno_n_steps=20_000),
-    d=dict(n_traj=1024, t_final=20.0, h={"gauss2": 0.01, "gauss3": 0.04}, repeats=5,
+    d=dict(n_traj=1024, t_final=20.0, h={"gauss2": 0.01, "gauss3": 0.04, "gauss4": 0.1}, repeats=5,
            tols=[10.0 ** (-k / 2) for k in range(8, 27)]),
     e=dict(n_steps=1000),
 )
@@ -140,6 +140,7 @@ PRESETS = {
     "gauss2": ("vijax Gauss-2", lambda **kw: vj.VPRK.gauss(2, **kw)),
     "gauss3": ("vijax Gauss-3", lambda **kw: vj.VPRK.gauss(3, **kw)),
     "lobatto3": ("vijax Lobatto-3", lambda **kw: vj.VPRK.lobatto(3, **kw)),
+    "gauss4": ("vijax Gauss-4", lambda **kw: vj.VPRK.gauss(4, **kw)),   # part d only
 }
 SOLVERS = {"fixedpoint": lambda: vj.solvers.FixedPoint(), "newton": lambda: vj.solvers.Newton()}
 
