@@ -3,6 +3,8 @@
 from ._base import LagrangianSystem, MechanicalSystem
 from .catalogue import (DoublePendulum, GeneralKepler, HarmonicOscillator, HenonHeiles, Kepler,
                         Pendulum)
+from .constrained import CartesianPendulum, DoublePendulum3D, PolarPendulum, SphericalPendulum
 
 __all__ = ["LagrangianSystem", "MechanicalSystem", "HarmonicOscillator", "Pendulum",
-           "DoublePendulum", "Kepler", "GeneralKepler", "HenonHeiles"]
+           "DoublePendulum", "Kepler", "GeneralKepler", "HenonHeiles", "CartesianPendulum",
+           "PolarPendulum", "SphericalPendulum", "DoublePendulum3D"]

@@ -1,0 +1,123 @@
+"""Holonomically constrained systems of spec 002 §4.1 and classics, each with its invariants.
+
+Sign convention of :mod:`vijax.constraints`: the augmented Lagrangian is ``L - g(q).lam``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import jax.numpy as jnp
+
+from ._base import MechanicalSystem
+
+__all__ = ["CartesianPendulum", "PolarPendulum", "SphericalPendulum", "DoublePendulum3D"]
+
+
+class CartesianPendulum(MechanicalSystem):
+    """Planar pendulum in Cartesian coordinates ``q = (x, y)``, ``g = (|q|^2 - l^2) / 2``,
+    gravity along ``-y`` (spec 002 §4.1 (A))."""
+
+    m: float = 1.0
+    l: float = 1.0  # noqa: E741
+    gravity: float = 9.81
+    ndim: ClassVar[int] = 2
+    constant_mass: ClassVar[bool] = True
+
+    def mass_matrix(self, q):
+        return self.m * jnp.eye(2, dtype=q.dtype)
+
+    def potential(self, q):
+        return self.m * self.gravity * q[1]
+
+    def holonomic(self, q):
+        return jnp.atleast_1d(0.5 * (q @ q - self.l**2))
+
+
+class PolarPendulum(MechanicalSystem):
+    """Planar pendulum in polar coordinates ``q = (r, theta)`` with the constraint
+    ``r - l = 0`` (``theta = 0`` hangs down): a configuration-dependent mass matrix."""
+
+    m: float = 1.0
+    l: float = 1.0  # noqa: E741
+    gravity: float = 9.81
+    ndim: ClassVar[int] = 2
+
+    def mass_matrix(self, q):
+        return jnp.diag(jnp.array([self.m, self.m * q[0] ** 2], dtype=q.dtype))
+
+    def potential(self, q):
+        return -self.m * self.gravity * q[0] * jnp.cos(q[1])
+
+    def holonomic(self, q):
+        return jnp.atleast_1d(q[0] - self.l)
+
+
+class SphericalPendulum(MechanicalSystem):
+    """Spherical pendulum ``q in R^3``, ``g = (|q|^2 - l^2) / 2``, gravity along ``-z``.
+    Invariants: energy and the angular momentum about the vertical."""
+
+    m: float = 1.0
+    l: float = 1.0  # noqa: E741
+    gravity: float = 9.81
+    ndim: ClassVar[int] = 3
+    constant_mass: ClassVar[bool] = True
+
+    def mass_matrix(self, q):
+        return self.m * jnp.eye(3, dtype=q.dtype)
+
+    def potential(self, q):
+        return self.m * self.gravity * q[2]
+
+    def holonomic(self, q):
+        return jnp.atleast_1d(0.5 * (q @ q - self.l**2))
+
+    def angular_momentum_z(self, q, p):
+        return q[0] * p[1] - q[1] * p[0]
+
+
+class DoublePendulum3D(MechanicalSystem):
+    """Three-dimensional double pendulum of spec 002 eq. (69), ``q = (x1, x2) in R^6``.
+
+    Invariants: energy and the angular momentum about the vertical, eq. (71).
+    """
+
+    m1: float = 1.0
+    m2: float = 1.0
+    l1: float = 1.0
+    l2: float = 1.0
+    gravity: float = 9.81
+    ndim: ClassVar[int] = 6
+    constant_mass: ClassVar[bool] = True
+
+    def mass_matrix(self, q):
+        d = jnp.array([self.m1] * 3 + [self.m2] * 3, dtype=q.dtype)
+        return jnp.diag(d)
+
+    def inverse_mass_matrix(self, q):
+        d = jnp.array([1 / self.m1] * 3 + [1 / self.m2] * 3, dtype=q.dtype)
+        return jnp.diag(d)
+
+    def potential(self, q):
+        return self.gravity * (self.m1 * q[2] + self.m2 * q[5])
+
+    def holonomic(self, q):
+        x1, x2 = q[:3], q[3:]
+        return jnp.stack([0.5 * (x1 @ x1 - self.l1**2),
+                          0.5 * ((x2 - x1) @ (x2 - x1) - self.l2**2)])
+
+    def angular_momentum_z(self, q, p):
+        """spec 002 eq. (71)."""
+        return -p[0] * q[1] + p[1] * q[0] - p[3] * q[4] + p[4] * q[3]
+
+    @staticmethod
+    def initial_conditions(dtype=None):
+        """spec 002 §4.1 (B): x1 = (sin 0.8, 0, -cos 0.8), x2 = x1 + (0, sin 0.6, -cos 0.6),
+        velocity (0, 1, 0, 0.5, 0.3, 0.2) (project it with ``project_velocity``)."""
+        import numpy as np
+
+        x1 = np.array([np.sin(0.8), 0.0, -np.cos(0.8)])
+        x2 = x1 + np.array([0.0, np.sin(0.6), -np.cos(0.6)])
+        q0 = jnp.asarray(np.concatenate([x1, x2]), dtype=dtype)
+        v0 = jnp.asarray([0.0, 1.0, 0.0, 0.5, 0.3, 0.2], dtype=dtype)
+        return q0, v0
