@@ -226,8 +226,12 @@ class Newton(AbstractRootSolver):
     damped: bool = eqx.field(static=True, default=False)
 
     def _make_update(self, f, x0, precond):
+        def with_value(y):
+            r = f(y)
+            return r, r  # one evaluation: the residual rides along as jacfwd's aux output
+
         def update(x):
-            jac, r = jax.jacfwd(lambda y: (f(y), f(y)), has_aux=True)(x)
+            jac, r = jax.jacfwd(with_value, has_aux=True)(x)
             dx = _dense_solve(jac, r)
             if not self.damped:
                 return dx, r

@@ -18,7 +18,7 @@ from .. import _linalg
 from ..lie import AbstractLieGroup, Rn
 from ..solvers import Newton
 
-__all__ = ["LagrangianSystem", "MechanicalSystem"]
+__all__ = ["LagrangianSystem", "MechanicalSystem", "PointMassSystem"]
 
 
 class LagrangianSystem(eqx.Module):
@@ -139,3 +139,19 @@ class MechanicalSystem(LagrangianSystem):
 
     def energy(self, q, v):
         return 0.5 * jnp.vdot(v, self.mass_matrix(q) @ v) + self.potential(q)
+
+
+class PointMassSystem(MechanicalSystem):
+    """``M = m I`` in any dimension: implement :meth:`potential` only.
+
+    The mass matrix and its inverse are closed forms and ``constant_mass`` is declared.
+    """
+
+    m: float = 1.0
+    constant_mass: ClassVar[bool] = True
+
+    def mass_matrix(self, q):
+        return self.m * jnp.eye(q.shape[-1], dtype=q.dtype)
+
+    def inverse_mass_matrix(self, q):
+        return jnp.eye(q.shape[-1], dtype=q.dtype) / self.m

@@ -6,20 +6,15 @@ from typing import ClassVar
 
 import jax.numpy as jnp
 
-from ._base import LagrangianSystem, MechanicalSystem
+from ._base import LagrangianSystem, MechanicalSystem, PointMassSystem
 
 __all__ = ["HarmonicOscillator", "Pendulum", "DoublePendulum", "Kepler", "HenonHeiles"]
 
 
-class HarmonicOscillator(MechanicalSystem):
-    """``L = 1/2 m v^2 - 1/2 k q^2`` in ``ndim`` dimensions (isotropic)."""
+class HarmonicOscillator(PointMassSystem):
+    """``L = 1/2 m v^2 - 1/2 k q^2`` in any dimension (isotropic)."""
 
-    m: float = 1.0
     k: float = 1.0
-    constant_mass: ClassVar[bool] = True
-
-    def mass_matrix(self, q):
-        return self.m * jnp.eye(q.shape[0], dtype=q.dtype)
 
     def potential(self, q):
         return 0.5 * self.k * jnp.vdot(q, q)
@@ -61,20 +56,15 @@ class DoublePendulum(MechanicalSystem):
                 - self.m2 * self.g * self.l2 * jnp.cos(q[1]))
 
 
-class Kepler(MechanicalSystem):
+class Kepler(PointMassSystem):
     """Planar Kepler problem ``L = 1/2 m |v|^2 + mu m / |q|``.
 
     :meth:`initial_conditions` gives the orbit of eccentricity ``e`` starting at pericentre
     (period ``2 pi`` for ``mu = 1`` and semi-major axis 1).
     """
 
-    m: float = 1.0
     mu: float = 1.0
     ndim: ClassVar[int] = 2
-    constant_mass: ClassVar[bool] = True
-
-    def mass_matrix(self, q):
-        return self.m * jnp.eye(2, dtype=q.dtype)
 
     def potential(self, q):
         return -self.mu * self.m / jnp.sqrt(jnp.vdot(q, q))
@@ -89,15 +79,11 @@ class Kepler(MechanicalSystem):
         return q0, v0
 
 
-class HenonHeiles(MechanicalSystem):
+class HenonHeiles(PointMassSystem):
     """Hénon--Heiles: ``V = 1/2 (x^2 + y^2) + lam (x^2 y - y^3 / 3)``."""
 
     lam: float = 1.0
     ndim: ClassVar[int] = 2
-    constant_mass: ClassVar[bool] = True
-
-    def mass_matrix(self, q):
-        return jnp.eye(2, dtype=q.dtype)
 
     def potential(self, q):
         x, y = q[0], q[1]

@@ -9,26 +9,20 @@ from typing import ClassVar
 
 import jax.numpy as jnp
 
-from ._base import MechanicalSystem
+from ._base import MechanicalSystem, PointMassSystem
 
 __all__ = ["CartesianPendulum", "PolarPendulum", "SphericalPendulum", "DoublePendulum3D"]
 
 
-class CartesianPendulum(MechanicalSystem):
-    """Planar pendulum in Cartesian coordinates ``q = (x, y)``, ``g = (|q|^2 - l^2) / 2``,
-    gravity along ``-y`` (spec 002 §4.1 (A))."""
+class CartesianPendulum(PointMassSystem):
+    """Pendulum in Cartesian coordinates ``q in R^d`` (any ``d``): ``g = (|q|^2 - l^2) / 2``,
+    gravity along the last axis (spec 002 §4.1 (A) for ``d = 2``)."""
 
-    m: float = 1.0
     l: float = 1.0  # noqa: E741
     gravity: float = 9.81
-    ndim: ClassVar[int] = 2
-    constant_mass: ClassVar[bool] = True
-
-    def mass_matrix(self, q):
-        return self.m * jnp.eye(2, dtype=q.dtype)
 
     def potential(self, q):
-        return self.m * self.gravity * q[1]
+        return self.m * self.gravity * q[-1]
 
     def holonomic(self, q):
         return jnp.atleast_1d(0.5 * (q @ q - self.l**2))
@@ -53,24 +47,11 @@ class PolarPendulum(MechanicalSystem):
         return jnp.atleast_1d(q[0] - self.l)
 
 
-class SphericalPendulum(MechanicalSystem):
-    """Spherical pendulum ``q in R^3``, ``g = (|q|^2 - l^2) / 2``, gravity along ``-z``.
+class SphericalPendulum(CartesianPendulum):
+    """Spherical pendulum: the Cartesian pendulum in ``R^3``, gravity along ``-z``.
     Invariants: energy and the angular momentum about the vertical."""
 
-    m: float = 1.0
-    l: float = 1.0  # noqa: E741
-    gravity: float = 9.81
     ndim: ClassVar[int] = 3
-    constant_mass: ClassVar[bool] = True
-
-    def mass_matrix(self, q):
-        return self.m * jnp.eye(3, dtype=q.dtype)
-
-    def potential(self, q):
-        return self.m * self.gravity * q[2]
-
-    def holonomic(self, q):
-        return jnp.atleast_1d(0.5 * (q @ q - self.l**2))
 
     def angular_momentum_z(self, q, p):
         return q[0] * p[1] - q[1] * p[0]
