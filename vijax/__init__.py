@@ -5,7 +5,8 @@ vijax never changes global JAX configuration: enable float64 yourself with
 """
 
 from . import constraints, diagnostics, lie, solvers, systems, tableaus
-from .integrators import (AbstractIntegrator, AbstractState, HolonomicState, HolonomicVPRK, VPRK,
+from .integrators import (AbstractIntegrator, AbstractState, GalerkinState, GalerkinVI,
+                          HolonomicState, HolonomicVPRK, VPRK,
                           VPRKState)
 from .simulate import Solution, StepStats, simulate
 from .solvers import ConvergenceError
@@ -15,6 +16,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "simulate", "Solution", "StepStats", "LagrangianSystem", "MechanicalSystem",
-    "AbstractIntegrator", "AbstractState", "VPRK", "VPRKState", "HolonomicVPRK", "HolonomicState", "ConvergenceError",
+    "AbstractIntegrator", "AbstractState", "VPRK", "VPRKState", "HolonomicVPRK", "HolonomicState", "GalerkinVI",
+    "GalerkinState", "ConvergenceError",
     "tableaus", "lie", "constraints", "solvers", "systems", "diagnostics",
 ]

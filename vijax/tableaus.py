@@ -695,3 +695,23 @@ def lagrange_extrapolation_matrix(nodes_from, nodes_to) -> np.ndarray:
     num = np.broadcast_to((xt[:, None] - xf[None, :])[:, None, :], (xt.size, n, n)).copy()
     num[:, np.arange(n), np.arange(n)] = 1.0
     return np.prod(num, axis=-1) / np.prod(diff, axis=-1)[None, :]
+
+
+def lagrange_derivative_matrix(nodes_from, nodes_to) -> np.ndarray:
+    """``D[i, j] = l_j'(nodes_to[i])`` for the Lagrange basis ``l_j`` on ``nodes_from``.
+
+    Built from the barycentric differentiation matrix at the nodes (stable for any distinct
+    nodes) and interpolated to ``nodes_to``: ``l_j'`` has degree ``n - 2``, so it equals its
+    interpolant on the ``n`` nodes.
+    """
+    xf = np.asarray(nodes_from, dtype=np.float64)
+    n = xf.size
+    if n == 1:
+        return np.zeros((np.asarray(nodes_to).size, 1))
+    diff = xf[:, None] - xf[None, :] + np.eye(n)
+    w = 1.0 / np.prod(diff, axis=1)  # barycentric weights
+    with np.errstate(divide="ignore"):
+        d = (w[None, :] / w[:, None]) / (xf[:, None] - xf[None, :] + np.eye(n))
+    np.fill_diagonal(d, 0.0)
+    np.fill_diagonal(d, -d.sum(axis=1))
+    return lagrange_extrapolation_matrix(xf, nodes_to) @ d

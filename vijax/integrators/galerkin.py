@@ -1,0 +1,402 @@
+"""Galerkin variational integrators with holonomic constraints (spec 002; seed 002).
+
+On each step ``[t_k, t_k + h]`` the configuration is a polynomial ``q_d`` of degree ``s``
+through control points ``q_k^0..q_k^s`` (seed 002, eq. (11)) and the multiplier a polynomial
+``lam_d`` of degree ``w`` whose control points are the nodes of the constraint quadrature
+(eq. (12), Theorem 1 condition 1).  The discrete augmented Lagrangian splits the action into
+two quadratures (eqs. (13), (18)-(20)):
+
+    Lbar_d = h sum_i b_i L(q_d(c_i h), qdot_d(c_i h)) - h sum_i e_i g(q_d(f_i h)) . lam_d(f_i h),
+
+``(b, c)`` Gauss or Lobatto of order ``ordL`` for ``L`` and ``(e, f)`` Lobatto (``ordZ = 2w``,
+stiffly accurate) or Gauss (``ordZ = 2w - 2``, not stiffly accurate) for the constraint.
+Stationarity gives the discrete Euler--Lagrange equations (22); one step solves, by Newton,
+
+    R0 = pi_k + D_1 Lbar_d - (sigma - 1) h e_1 G(q_k^0)^T lam_k^0      (momentum matching)
+    R_nu = D_{nu+1} Lbar_d,  nu = 1..s-1                                  (interior points)
+    0 = g(q_d(f_i h)),       i = 2..w+1  (Lobatto)  /  1..w-1  (Gauss)    (constraints)
+
+for ``q_k^1..q_k^s`` and the multipliers (spec 002 §3.7).  ``pi_{k+1} = D_{s+1} Lbar_d``
+without the ``lam_k^w`` term is the incoming momentum of the next step.  All derivatives of
+``Lbar_d`` come from :func:`jax.grad`.
+
+Two modes (spec 002 §3.7):
+
+* ``"projected"`` (default): a one-step map on the hidden-constraint manifold,
+  ``pi = p_k`` and ``sigma = 1``, then ``p_{k+1} = P(q_{k+1}) pi_{k+1}`` (projection (4)).  It
+  gives the paper's ``q_k^0`` exactly and ``P p_k^0``, is symplectic on ``T^*C`` and time
+  reversible on ``(q, p)``.
+* ``"paper"``: the two-step scheme of the paper (``sigma = 2`` after the first step), whose raw
+  Legendre momentum ``p_k^0`` and raw multiplier ``lam_k^0`` are available one step late
+  (``state.p_raw``, ``state.lam_raw``).  ``s = w = 1`` with Lobatto ``r = 2`` is SHAKE.
+
+In both modes the state's ``p`` is the projected momentum and ``lam`` the multiplier (70) at
+``(q, p)``: the post-processing of spec 002 §3.8, which lifts ``p`` and ``lam`` to the order
+of ``q``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from .. import constraints as cons
+from .. import tableaus as tb
+from ..solvers import AbstractRootSolver, Newton
+from ._base import AbstractIntegrator, AbstractState
+
+__all__ = ["GalerkinState", "GalerkinVI"]
+
+
+class GalerkinState(AbstractState):
+    """Node values and what the next step needs.
+
+    ``q, p, v, lam``: node configuration, projected momentum, velocity and multiplier (70).
+    ``pi``: incoming momentum of the next step (equals ``p`` in projected mode).
+    ``first``: 1 before the first step (the paper mode's ``sigma = 1``), 0 afterwards.
+    ``p_raw, lam_raw``: paper mode's raw ``p_k^0`` and ``lam_k^0`` at the *previous* node
+    (they need step ``k``'s solve; spec 002 pitfall 2).  ``controls, mults``: the last step's
+    control points (as ``(q^nu - q^0)/h``) and multipliers, for the predictor.
+    """
+
+    t: Float[Array, ""]
+    q: Float[Array, " n"]
+    p: Float[Array, " n"]
+    v: Float[Array, " n"]
+    lam: Float[Array, " m"]
+    pi: Float[Array, " n"]
+    first: Float[Array, ""]
+    p_raw: Float[Array, " n"]
+    lam_raw: Float[Array, " m"]
+    controls: Float[Array, "s1 n"]
+    mults: Float[Array, "z m"]
+
+
+def _q_order(s: int, w: int, ordL: int) -> int:
+    """``ord(q)`` read off seed 002 Tables 1-2 (Lobatto constraint quadrature).
+
+    Shaded cells (``s = w`` or ``s = w + 1``): ``min(2s, ordL, 2w)`` (spec 002 §4.3).  Each
+    further degree of ``s`` beyond ``w + 1`` costs two orders, with a floor of 2.
+    """
+    return max(2, min(2 * s, ordL, 2 * w) - 2 * max(0, s - w - 1))
+
+
+class GalerkinVI(AbstractIntegrator):
+    """Constrained Galerkin variational integrator ``(s, w, ordL, ordZ)`` (seed 002).
+
+    Parameters
+    ----------
+    s:
+        Degree of the configuration polynomial (``s >= 1``).
+    w:
+        Degree of the multiplier polynomial (default ``s``).  Theorem 1 condition 2 needs
+        ``w <= s`` (Lobatto constraint quadrature) or ``w <= s + 1`` (Gauss).
+    quadrature:
+        ``"gauss"`` (``r = ordL / 2`` nodes) or ``"lobatto"`` (``r = ordL / 2 + 1``) for the
+        Lagrangian.
+    ordL:
+        Order of the Lagrangian quadrature; default the smallest one giving ``ord(q) = 2s``:
+        ``2s`` (Gauss ``r = s``, Lobatto ``r = s + 1``).  ``ordL < 2s`` (Gauss) or
+        ``< 2s - 2`` (Lobatto), i.e. fewer than ``s`` nodes, is refused (Assumption 1).
+    constraint_quadrature:
+        ``"lobatto"`` (default; ``ordZ = 2w``, stiffly accurate) or ``"gauss"``
+        (``ordZ = 2w - 2``; legal but not stiffly accurate: ``q_k`` drifts off ``g = 0``).
+    ordZ:
+        Optional check: must equal the order implied by ``w`` and ``constraint_quadrature``
+        (the multiplier control points *are* the constraint nodes, condition 1).
+    mode:
+        ``"projected"`` (default, one-step map on ``T^*C``) or ``"paper"`` (seed 002's
+        unprojected two-step scheme); see the module docstring.
+    control_points:
+        Interior control points of ``q_d``: ``"lobatto"`` (default) or ``"equidistant"``.  The
+        nodal solution does not depend on them (spec 002 §3.2); only conditioning does.
+    solver:
+        Root solver for the step equations (default :class:`~vijax.solvers.Newton`).
+
+    Presets: :meth:`gauss` and :meth:`lobatto` (``s = w``, order ``2s``), :meth:`rattle`,
+    :meth:`shake`, :meth:`lobatto_iiia_iiib` (``w = s - 1``, ``r = s``, order ``2s - 2``).
+
+    Without ``holonomic`` in the system this is the unconstrained Galerkin variational
+    integrator of order ``min(2s, ordL)``.
+    """
+
+    s: int = eqx.field(static=True)
+    w: int = eqx.field(static=True)
+    quadrature: str = eqx.field(static=True)
+    ordL: int = eqx.field(static=True)
+    constraint_quadrature: str = eqx.field(static=True)
+    mode: str = eqx.field(static=True)
+    control_points: str = eqx.field(static=True)
+    solver: AbstractRootSolver
+
+    symplectic = True
+    supports_holonomic = True
+
+    def __init__(self, s: int, w: int | None = None, *,
+                 quadrature: Literal["gauss", "lobatto"] = "gauss", ordL: int | None = None,
+                 constraint_quadrature: Literal["lobatto", "gauss"] = "lobatto",
+                 ordZ: int | None = None, mode: Literal["projected", "paper"] = "projected",
+                 control_points: Literal["lobatto", "equidistant"] = "lobatto",
+                 solver: AbstractRootSolver | None = None):
+        w = s if w is None else w
+        for name, val in (("s", s), ("w", w)):
+            if not isinstance(val, (int, np.integer)) or val < 1:
+                raise ValueError(f"GalerkinVI needs an integer {name} >= 1, got {val!r}.")
+        s, w = int(s), int(w)
+        if quadrature not in ("gauss", "lobatto"):
+            raise ValueError(f"quadrature must be 'gauss' or 'lobatto', got {quadrature!r}.")
+        if constraint_quadrature not in ("lobatto", "gauss"):
+            raise ValueError("constraint_quadrature must be 'lobatto' or 'gauss', got "
+                             f"{constraint_quadrature!r}.")
+        if mode not in ("projected", "paper"):
+            raise ValueError(f"mode must be 'projected' or 'paper', got {mode!r}.")
+        if control_points not in ("lobatto", "equidistant"):
+            raise ValueError("control_points must be 'lobatto' or 'equidistant', got "
+                             f"{control_points!r}.")
+        if ordL is None:
+            ordL = 2 * s
+        if not isinstance(ordL, (int, np.integer)) or ordL < 2 or ordL % 2:
+            raise ValueError(f"ordL must be an even integer >= 2, got {ordL!r}.")
+        r = ordL // 2 if quadrature == "gauss" else ordL // 2 + 1
+        if r < s:
+            least = 2 * s if quadrature == "gauss" else max(2, 2 * s - 2)
+            raise ValueError(
+                f"Assumption 1 of seed 002 fails: {quadrature} quadrature of order ordL={ordL} "
+                f"has r={r} nodes, fewer than the degree s={s}, so the discrete Lagrangian "
+                f"flow is not well defined (spec 002 §3.6). Use ordL >= {least}.")
+        if constraint_quadrature == "lobatto":
+            if w > s:
+                raise ValueError(
+                    f"Theorem 1 condition 2 of seed 002 fails: w={w} > s={s} with Lobatto "
+                    f"constraint quadrature makes the step equations rank deficient (the "
+                    f"Newton matrix is singular). Use w <= s.")
+            implied = 2 * w
+        else:
+            if w < 2:
+                raise ValueError("Gauss constraint quadrature uses w - 1 nodes: it needs w >= 2.")
+            if w > s + 1:
+                raise ValueError(
+                    f"Theorem 1 condition 2 of seed 002 fails: w={w} > s+1={s + 1} with Gauss "
+                    f"constraint quadrature makes the step equations rank deficient. Use "
+                    f"w <= s + 1.")
+            implied = 2 * (w - 1)
+            warnings.warn(
+                "Gauss constraint quadrature violates Theorem 1 condition 3 (last node f_z = 1):"
+                " the scheme is solvable but not stiffly accurate, so the nodes drift off "
+                "g = 0 (seed 002 §3.3). Use constraint_quadrature='lobatto'.", stacklevel=2)
+        if ordZ is not None and ordZ != implied:
+            raise ValueError(
+                f"Theorem 1 condition 1 of seed 002 ties the multiplier control points to the "
+                f"constraint quadrature nodes, so w={w} with {constraint_quadrature} gives "
+                f"ordZ={implied}, not {ordZ}. Change w instead.")
+        if constraint_quadrature == "lobatto" and s >= w + 2 and w >= 2:
+            warnings.warn(
+                f"s={s} >= w+2={w + 2}: solvable but with order reduction in q, p and lam, and "
+                f"lam may diverge (seed 002 Tables 1-2). Use w = s or w = s - 1.", stacklevel=2)
+        self.s, self.w, self.quadrature, self.ordL = s, w, quadrature, int(ordL)
+        self.constraint_quadrature, self.mode = constraint_quadrature, mode
+        self.control_points = control_points
+        self.solver = Newton() if solver is None else solver
+
+    # -- presets ----------------------------------------------------------------------------
+    @classmethod
+    def gauss(cls, s: int, **kwargs) -> GalerkinVI:
+        """``s = w``, Gauss ``r = s`` for ``L``: order ``2s`` (Jay's (s,s)-Gauss--Lobatto SPARK
+        with the projection)."""
+        return cls(s, s, quadrature="gauss", **kwargs)
+
+    @classmethod
+    def lobatto(cls, s: int, **kwargs) -> GalerkinVI:
+        """``s = w``, Lobatto ``r = s + 1`` for ``L``: order ``2s``."""
+        return cls(s, s, quadrature="lobatto", **kwargs)
+
+    @classmethod
+    def lobatto_iiia_iiib(cls, s: int, **kwargs) -> GalerkinVI:
+        """``w = s - 1``, Lobatto ``r = s`` for ``L`` and ``g``: constrained Lobatto
+        IIIA--IIIB with ``s`` stages, order ``2s - 2`` (seed 002 §3.5)."""
+        if s < 2:
+            raise ValueError(f"Lobatto IIIA-IIIB needs s >= 2 stages, got {s}.")
+        return cls(s, s - 1, quadrature="lobatto", ordL=2 * s - 2, **kwargs)
+
+    @classmethod
+    def rattle(cls, **kwargs) -> GalerkinVI:
+        """RATTLE: ``s = w = 1``, trapezoidal ``L`` and ``g``, projected (seed 002 §2.2)."""
+        return cls(1, 1, quadrature="lobatto", ordL=2, mode="projected", **kwargs)
+
+    @classmethod
+    def shake(cls, **kwargs) -> GalerkinVI:
+        """SHAKE: ``s = w = 1``, trapezoidal ``L`` and ``g``, unprojected (seed 002 eq. (10)).
+
+        Its configurations are RATTLE's; its raw momentum (``state.p_raw``) is not on the
+        hidden constraint."""
+        return cls(1, 1, quadrature="lobatto", ordL=2, mode="paper", **kwargs)
+
+    # -- traits -----------------------------------------------------------------------------
+    @property
+    def order(self) -> int:
+        """Order of ``q`` (and of the post-processed ``p`` and ``lam``), seed 002 Tables 1-2.
+
+        For Gauss constraint quadrature the tables give no order; the value returned is the
+        one measured in ``tests/test_galerkin.py`` (2)."""
+        if self.constraint_quadrature == "gauss":
+            return 2
+        return _q_order(self.s, self.w, self.ordL)
+
+    @property
+    def name(self) -> str:
+        if (self.s, self.w, self.quadrature, self.ordL) == (1, 1, "lobatto", 2):
+            return "SHAKE" if self.mode == "paper" else "RATTLE"
+        tag = "G" if self.quadrature == "gauss" else "L"
+        z = "" if self.constraint_quadrature == "lobatto" else ", gauss g"
+        return f"GalerkinVI(s={self.s}, w={self.w}, ordL={self.ordL}{tag}{z}, {self.mode})"
+
+    @property
+    def lagrangian_nodes(self) -> int:
+        """``r``, the number of nodes of the Lagrangian quadrature."""
+        return self.ordL // 2 + (self.quadrature == "lobatto")
+
+    # -- coefficients -------------------------------------------------------------------------
+    def _rules(self):
+        """Numpy coefficient tables (float64): control points ``d``, ``L`` rule ``(c, b)``,
+        constraint rule ``(f, e)`` and the basis at the nodes (values and derivatives)."""
+        s = self.s
+        if self.control_points == "lobatto":
+            d = tb.lobatto_quadrature(s + 1)[0] if s >= 1 else np.zeros(1)
+        else:
+            d = np.linspace(0.0, 1.0, s + 1)
+        r = self.lagrangian_nodes
+        c, b = tb.gauss_quadrature(r) if self.quadrature == "gauss" else tb.lobatto_quadrature(r)
+        if self.constraint_quadrature == "lobatto":
+            f, e = tb.lobatto_quadrature(self.w + 1)
+        else:
+            f, e = tb.gauss_quadrature(self.w - 1)
+        return dict(
+            d=d, b=b, e=e,
+            lc=tb.lagrange_extrapolation_matrix(d, c), dc=tb.lagrange_derivative_matrix(d, c),
+            lf=tb.lagrange_extrapolation_matrix(d, f),
+            d1=tb.lagrange_derivative_matrix(d, np.ones(1))[0],
+            extrap=tb.lagrange_extrapolation_matrix(d, 1.0 + d),
+        )
+
+    def _consts(self, dtype):
+        return {k: jnp.asarray(v, dtype) for k, v in self._rules().items()}
+
+    @property
+    def _lobatto_g(self) -> bool:
+        return self.constraint_quadrature == "lobatto"
+
+    def _n_mults(self) -> int:
+        """Multiplier unknowns per step: ``w`` (Lobatto: ``lam^0..lam^{w-1}``) or ``w - 1``."""
+        return self.w if self._lobatto_g else self.w - 1
+
+    # -- the discrete augmented Lagrangian -------------------------------------------------------
+    def discrete_lagrangian(self, system, q0, Z, lam, h):
+        """``Lbar_d / h`` of seed 002 eq. (13) at control points ``q^nu = q0 + h Z_nu``
+        (``Z`` of shape ``(s + 1, n)``, ``Z_0 = 0``) and constraint-node multipliers ``lam``
+        (shape ``(z, m)``).  Its gradient in ``Z`` is ``(D_1 .. D_{s+1}) Lbar_d``."""
+        k = self._consts(q0.dtype)
+        Q = q0 + h * (k["lc"] @ Z)
+        V = k["dc"] @ Z
+        val = k["b"] @ jax.vmap(system.lagrangian)(Q, V)
+        if cons.has_holonomic(system):
+            gq = jax.vmap(system.holonomic)(q0 + h * (k["lf"] @ Z))
+            val = val - jnp.sum(k["e"][:, None] * gq * lam)
+        return val
+
+    def _node_multipliers(self, mu, h, m, dtype):
+        """Multipliers at the constraint nodes from the unknowns ``mu = h lam``: Lobatto's last
+        node ``lam_k^w`` belongs to the next step and is set to zero here."""
+        lam = mu / h
+        if self._lobatto_g:
+            lam = jnp.concatenate([lam, jnp.zeros((1, m), dtype)])
+        return lam
+
+    def _equations(self, system, state, h, X):
+        """Residuals of spec 002 §3.7 (scaled to O(1) blocks) and the next incoming momentum."""
+        Zs, mu = X
+        q0 = state.q
+        dtype = q0.dtype
+        n = q0.shape[0]
+        constrained = cons.has_holonomic(system)
+        m = mu.shape[-1]
+        Z = jnp.concatenate([jnp.zeros((1, n), dtype), Zs])
+        lam = self._node_multipliers(mu, h, m, dtype)
+        grad = jax.grad(self.discrete_lagrangian, argnums=2)(system, q0, Z, lam, h)
+        r0 = state.pi + grad[0]
+        rows = [r0, grad[1:self.s]]
+        if constrained:
+            k = self._consts(dtype)
+            if self._lobatto_g:
+                # The node multiplier is shared with the previous interval (weight 2 h e_1 in
+                # the paper mode after the first step; spec 002 pitfall 2).
+                sigma_minus_1 = 0.0 if self.mode == "projected" else 1.0 - state.first
+                G0 = cons.constraint_jacobian(system, q0)
+                rows[0] = r0 - sigma_minus_1 * k["e"][0] * (G0.T @ mu[0])
+                f_rows = k["lf"][1:]
+            else:
+                f_rows = k["lf"]
+            rows.append(jax.vmap(system.holonomic)(q0 + h * (f_rows @ Z)) / h)
+        return rows, grad[self.s]
+
+    # -- the integrator contract ------------------------------------------------------------------
+    def check_initial(self, system, q0, v0, tol):
+        if cons.has_holonomic(system):
+            cons.check_consistent(system, q0, v0, tol)
+
+    def _multiplier(self, system, q, v):
+        if cons.has_holonomic(system):
+            return cons.multiplier(system, q, v)
+        return jnp.zeros((0,), q.dtype)
+
+    def init(self, system, t0, q0, v0) -> GalerkinState:
+        lam0 = self._multiplier(system, q0, v0)
+        p0 = system.momentum(q0, v0)
+        d = jnp.asarray(self._rules()["d"], q0.dtype)
+        return GalerkinState(
+            t=jnp.asarray(t0, q0.dtype), q=q0, p=p0, v=v0, lam=lam0, pi=p0,
+            first=jnp.ones((), q0.dtype), p_raw=p0, lam_raw=lam0,
+            controls=d[:, None] * v0, mults=jnp.broadcast_to(lam0, (self._n_mults(),) + lam0.shape),
+        )
+
+    def step(self, system, state: GalerkinState, h):
+        dtype = state.q.dtype
+        k = self._consts(dtype)
+        # Predictor: the previous step's polynomial extrapolated (spec 002 §3.7).
+        Zprev = state.controls
+        Z0 = k["extrap"] @ Zprev - Zprev[-1]
+        X0 = (Z0[1:], h * state.mults)
+        X, stats = self.solver.solve(lambda X: self._equations(system, state, h, X)[0], X0)
+        _, pi1 = self._equations(system, state, h, X)
+        Zs, mu = X
+        q1 = state.q + h * Zs[-1]
+        v_guess = k["d1"] @ jnp.concatenate([jnp.zeros_like(Zs[:1]), Zs])
+        if cons.has_holonomic(system):
+            p1 = cons.project_momentum(system, q1, pi1, v_guess)
+        else:
+            p1 = pi1
+        v1 = system.velocity(q1, p1, v_guess)
+        lams = mu / h
+        if self.mode == "paper" and self._lobatto_g and cons.has_holonomic(system):
+            G0 = cons.constraint_jacobian(system, state.q)
+            p_raw = state.pi - (1.0 - state.first) * k["e"][0] * (G0.T @ mu[0])
+            lam_raw = lams[0]
+        elif self.mode == "paper":
+            p_raw, lam_raw = state.pi, state.lam
+        else:
+            p_raw, lam_raw = state.p, state.lam
+        new = GalerkinState(
+            t=state.t + h, q=q1, p=p1, v=v1, lam=self._multiplier(system, q1, v1),
+            pi=pi1 if self.mode == "paper" else p1, first=jnp.zeros((), dtype),
+            p_raw=p_raw, lam_raw=lam_raw,
+            controls=jnp.concatenate([jnp.zeros_like(Zs[:1]), Zs]), mults=lams,
+        )
+        return new, stats
+
+    def velocity(self, system, state: GalerkinState):
+        return state.v
