@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .galerkin import GalerkinVI
+from .holonomic import HolonomicVPRK
 from .vprk import VPRK
 
 __all__ = ["presets", "method_table"]
@@ -12,6 +14,11 @@ def presets():
     out = [("VPRK.midpoint()", VPRK.midpoint()), ("VPRK.stormer_verlet()", VPRK.stormer_verlet())]
     out += [(f"VPRK.gauss({s})", VPRK.gauss(s)) for s in (1, 2, 3, 4)]
     out += [(f"VPRK.lobatto({s})", VPRK.lobatto(s)) for s in (2, 3, 4, 5)]
+    out += [("HolonomicVPRK.rattle()", HolonomicVPRK.rattle())]
+    out += [(f"HolonomicVPRK.lobatto({s})", HolonomicVPRK.lobatto(s)) for s in (3, 4, 5)]
+    out += [("GalerkinVI.shake()", GalerkinVI.shake()), ("GalerkinVI.rattle()", GalerkinVI.rattle())]
+    out += [(f"GalerkinVI.gauss({s})", GalerkinVI.gauss(s)) for s in (1, 2, 3, 4)]
+    out += [(f"GalerkinVI.lobatto({s})", GalerkinVI.lobatto(s)) for s in (2, 3, 4)]
     return out
 
 

@@ -257,6 +257,11 @@ class GalerkinVI(AbstractIntegrator):
         return f"GalerkinVI(s={self.s}, w={self.w}, ordL={self.ordL}{tag}{z}, {self.mode})"
 
     @property
+    def stages(self) -> int:
+        """Unknown control points per step (``q_k^1..q_k^s``)."""
+        return self.s
+
+    @property
     def lagrangian_nodes(self) -> int:
         """``r``, the number of nodes of the Lagrangian quadrature."""
         return self.ordL // 2 + (self.quadrature == "lobatto")
@@ -328,7 +333,9 @@ class GalerkinVI(AbstractIntegrator):
         Z = jnp.concatenate([jnp.zeros((1, n), dtype), Zs])
         lam = self._node_multipliers(mu, h, m, dtype)
         grad = jax.grad(self.discrete_lagrangian, argnums=2)(system, q0, Z, lam, h)
-        r0 = state.pi + grad[0]
+        # Projected mode: a one-step map of (q, p); paper mode: the carried partial momentum.
+        pi_in = state.p if self.mode == "projected" else state.pi
+        r0 = pi_in + grad[0]
         rows = [r0, grad[1:self.s]]
         if constrained:
             k = self._consts(dtype)

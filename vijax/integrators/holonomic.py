@@ -92,6 +92,20 @@ class HolonomicVPRK(AbstractPRK):
         """RATTLE: constrained Lobatto IIIA--IIIB with two stages, order 2."""
         return cls(tb.lobatto_iiia_iiib(2), **kwargs)
 
+    @staticmethod
+    def shake(**kwargs):
+        """SHAKE (seed 002 eq. (10); spec 000 §4.3): RATTLE without the projection of the
+        momentum onto the hidden constraint.
+
+        SHAKE is a two-step scheme in ``q`` whose momentum lags one step, so it is not a
+        one-step map of ``(q, p)`` in the form of eq. (13); it is provided by the Galerkin
+        family as :meth:`vijax.GalerkinVI.shake` (``s = w = 1``, trapezoidal rules, paper
+        mode), which this returns.  Its configurations equal RATTLE's.
+        """
+        from .galerkin import GalerkinVI
+
+        return GalerkinVI.shake(**kwargs)
+
     @property
     def name(self) -> str:
         return "RATTLE" if self.stages == 2 else f"HolonomicVPRK[{self.tableau.name}]"
