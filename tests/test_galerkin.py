@@ -41,7 +41,7 @@ class SpringPendulum(vj.MechanicalSystem):
         return GRAV * q[1] + 0.5 * self.k * jnp.sum((q - c) ** 2)
 
     def holonomic(self, q):
-        return jnp.atleast_1d(0.5 * (q @ q - 1.0))
+        return jnp.atleast_1d(0.5 * (q @ q - self.l ** 2))
 
 
 def initial():
