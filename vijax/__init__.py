@@ -5,7 +5,7 @@ vijax never changes global JAX configuration: enable float64 yourself with
 """
 
 from . import constraints, diagnostics, lie, solvers, systems, tableaus
-from .integrators import (AbstractIntegrator, AbstractState, GalerkinState, GalerkinVI,
+from .integrators import (CGVI, DGVI, AbstractIntegrator, AbstractState, GalerkinState, GalerkinVI,
                           HolonomicState, HolonomicVPRK, VPRK,
                           VPRKState)
 from .simulate import Solution, StepStats, simulate
@@ -17,6 +17,6 @@ __version__ = "0.1.0"
 __all__ = [
     "simulate", "Solution", "StepStats", "LagrangianSystem", "MechanicalSystem",
     "AbstractIntegrator", "AbstractState", "VPRK", "VPRKState", "HolonomicVPRK", "HolonomicState", "GalerkinVI",
-    "GalerkinState", "ConvergenceError",
+    "GalerkinState", "DGVI", "CGVI", "ConvergenceError",
     "tableaus", "lie", "constraints", "solvers", "systems", "diagnostics",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .dg import CGVI, DGVI
 from .galerkin import GalerkinVI
 from .holonomic import HolonomicVPRK
 from .vprk import VPRK
@@ -19,6 +20,8 @@ def presets():
     out += [("GalerkinVI.shake()", GalerkinVI.shake()), ("GalerkinVI.rattle()", GalerkinVI.rattle())]
     out += [(f"GalerkinVI.gauss({s})", GalerkinVI.gauss(s)) for s in (1, 2, 3, 4)]
     out += [(f"GalerkinVI.lobatto({s})", GalerkinVI.lobatto(s)) for s in (2, 3, 4)]
+    out += [(f"DGVI({s})", DGVI(s)) for s in (1, 2, 3)]
+    out += [(f"CGVI({r})", CGVI(r)) for r in (1, 2)]
     return out
 
 
