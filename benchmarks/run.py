@@ -195,12 +195,13 @@ def _stats(wall, cpu):
                 cpu_median=float(np.median(cpu)))
 
 
-def timed(fn, *args, repeats: int = 3, warm: bool = True, budget: float | None = None):
+def timed(fn, *args, repeats: int = 3, warm: bool = True, budget: float | None = None,
+          min_repeats: int = 1):
     """Median wall time of ``fn(*args)`` over ``repeats`` blocked calls.
 
     ``warm``: make one untimed call first (compilation and first-call effects excluded).
     ``budget``: stop repeating once the timed calls have used this many seconds (at least
-    one timed call is always made).  Returns ``(output, median_wall, times, first_call)``;
+    ``min_repeats`` timed calls are always made).  Returns ``(output, median_wall, times, first_call)``;
     ``times`` holds every wall and process-CPU time (the CPU time of this process is immune
     to other processes competing for the cores; see README).
     """
@@ -213,11 +214,11 @@ def timed(fn, *args, repeats: int = 3, warm: bool = True, budget: float | None =
     elif warm:
         _, first, _ = _once(fn, *args)
     wall, cpu, out = [], [], None
-    for _ in range(repeats):
+    for i in range(repeats):
         out, w, c = _once(fn, *args)
         wall.append(w)
         cpu.append(c)
-        if budget is not None and sum(wall) > budget:
+        if budget is not None and i + 1 >= min_repeats and sum(wall) > budget:
             break
     return out, float(np.median(wall)), _stats(wall, cpu), first
 

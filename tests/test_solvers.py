@@ -443,3 +443,35 @@ def test_float32_stays_float32(solver):
     assert g.dtype == jnp.float32
     # unrolled linear iterations stop at |dx| ~ 3e-6, so their derivative is a bit less exact
     np.testing.assert_allclose(g, 1.0 / (3.0 * np.asarray(ROOT) ** 2), rtol=1e-3)
+
+
+def _noisy_linear(noise):
+    """``F(x) = A x - b`` plus deterministic round-off-like noise of size ``noise`` that the
+    Jacobian does not see: the situation of constraint rows ``g(Q) / h`` at small ``h``."""
+    a = jnp.asarray([[4.0, 1.0, 0.0], [1.0, 3.0, 1.0], [0.0, 1.0, 2.0]])
+    b = jnp.asarray([1.0, 2.0, 3.0])
+
+    def f(x):
+        return a @ x - b + noise * jax.lax.stop_gradient(jnp.sin(1e9 * x))
+
+    return f, np.linalg.solve(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("implicit_diff", [True, False])
+def test_a_noise_floor_far_below_the_first_increment_is_accepted(implicit_diff):
+    """Residual noise 1e-10 stalls Newton's increments at ~1e4 x the 2.2e-15 tolerance,
+    above the 1000 x floor; the iteration has still shrunk its increments by 13 orders from
+    the first one, so the stall is round-off and reported as converged."""
+    f, root = _noisy_linear(1e-10)
+    x, st = Newton(implicit_diff=implicit_diff).solve(f, jnp.asarray([10.0, -10.0, 10.0]))
+    assert bool(st.converged) and int(st.iterations) < 10
+    assert np.max(np.abs(np.asarray(x) - root)) < 1e-9
+
+
+def test_a_stall_far_above_round_off_is_still_reported():
+    """Noise 1e-7 (a rough residual, not round-off) from a predictor 1e-3 off: the increments
+    stall near 1e7 x the tolerance, far above both accepted levels, and non-convergence is
+    reported."""
+    f, root = _noisy_linear(1e-7)
+    _, st = Newton().solve(f, jnp.asarray(root) + 1e-3)
+    assert not bool(st.converged) and int(st.iterations) == Newton().max_steps

@@ -62,6 +62,12 @@ class SolverStats(eqx.Module):
 
 
 _NOISE_FLOOR = 1000.0
+# A stall is also accepted once the increments have fallen this far below the first one:
+# position-level rows g(Q) / h carry round-off eps |q| / h, which for small h sits above
+# _NOISE_FLOOR times the tolerance while the iteration has plainly converged.  Capped at
+# _STALL_CAP times the tolerance (2e-9 relative in float64) whatever the first increment.
+_STALL_DROP = 1e-8
+_STALL_CAP = 1e6
 
 
 def default_tolerance(dtype) -> float:
@@ -96,7 +102,8 @@ class AbstractRootSolver(eqx.Module):
         Convergence when the estimated remaining error (the last increment times
         ``theta / (1 - theta)``, ``theta`` the observed contraction rate; the increment itself
         before a rate is known) is below ``atol + rtol * |x_i|`` in every component -- or, at
-        the round-off floor, when increments within 1000 times that bound stop shrinking.  ``None`` means :func:`default_tolerance` of the working dtype.
+        the round-off floor, when increments within 1000 times that bound (or within 1e-8
+        times the first increment, at most 1e6 times the bound) stop shrinking.  ``None`` means :func:`default_tolerance` of the working dtype.
     max_steps:
         Iteration cap.  Reaching it without convergence sets ``converged=False`` (never a silent
         NaN: a non-finite iterate stops the loop and is reported the same way).
@@ -127,7 +134,7 @@ class AbstractRootSolver(eqx.Module):
         atol = tol if self.atol is None else self.atol
         update = self._make_update(f, x0, precond)
 
-        def one(x, err_prev):
+        def one(x, err_prev, err_first):
             dx, r = update(x)
             x_new = x - dx
             err = jnp.max(jnp.abs(dx) / (atol + rtol * jnp.abs(x_new)))
@@ -137,21 +144,25 @@ class AbstractRootSolver(eqx.Module):
             # theta / (1 - theta) * err_k.  Without a rate yet (first update) or without
             # contraction, the increment itself is tested.  At the round-off floor of an
             # ill-conditioned system the increments stop contracting (theta >= 1) within
-            # _NOISE_FLOOR of the tolerance: accepted as converged.
+            # _NOISE_FLOOR of the tolerance, or _STALL_DROP below the first increment:
+            # accepted as converged.
+            err_first = jnp.where(jnp.isnan(err_first), err, err_first)
             theta = err / err_prev
             estimate = jnp.where(theta < 1, err * theta / (1 - theta), err)
-            floor = (err <= _NOISE_FLOOR) & (theta >= 1)
+            level = jnp.maximum(_NOISE_FLOOR, jnp.minimum(_STALL_DROP * err_first, _STALL_CAP))
+            floor = (err <= level) & (theta >= 1)
             done = ((estimate <= 1) | floor) & finite
-            return x_new, jnp.max(jnp.abs(r)).astype(dtype), err, done, ~finite
+            return x_new, jnp.max(jnp.abs(r)).astype(dtype), err, done, ~finite, err_first
 
         def body(carry):
-            x, k, _, err, _, _ = carry
-            x, r, err, done, bad = one(x, err)
-            return x, k + 1, r, err, done, bad
+            x, k, _, err, _, _, err_first = carry
+            x, r, err, done, bad, err_first = one(x, err, err_first)
+            return x, k + 1, r, err, done, bad, err_first
 
         # err_prev starts as NaN: no contraction rate is known before the second update.
         init = (x0, jnp.asarray(0, jnp.int32), jnp.asarray(jnp.inf, dtype),
-                jnp.asarray(jnp.nan, dtype), jnp.asarray(False), jnp.asarray(False))
+                jnp.asarray(jnp.nan, dtype), jnp.asarray(False), jnp.asarray(False),
+                jnp.asarray(jnp.nan, dtype))
         # The first ``min_steps`` updates are straight-line code: a loop iteration costs more
         # than a small system's update on CPU, and a good predictor needs few updates anyway.
         for _ in range(min(self.min_steps, self.max_steps)):
@@ -159,20 +170,20 @@ class AbstractRootSolver(eqx.Module):
 
         if self.implicit_diff:
             def cond(carry):
-                _, k, _, _, done, bad = carry
+                _, k, _, _, done, bad, _ = carry
                 return (k < self.max_steps) & ~done & ~bad
 
-            x, k, r, _, done, _ = jax.lax.while_loop(cond, body, init)
+            x, k, r, _, done, _, _ = jax.lax.while_loop(cond, body, init)
         else:
             def scan_body(carry, _):
-                x, k, r, err, done, bad = carry
-                new = one(x, err)
+                x, k, r, err, done, bad, err_first = carry
+                new = one(x, err, err_first)
                 stop = done | bad
                 keep = lambda old, new: jnp.where(stop, old, new)  # noqa: E731
                 return (keep(x, new[0]), keep(k, k + 1), keep(r, new[1]), keep(err, new[2]),
-                        keep(done, new[3]), keep(bad, new[4])), None
+                        keep(done, new[3]), keep(bad, new[4]), keep(err_first, new[5])), None
 
-            (x, k, r, _, done, _), _ = jax.lax.scan(
+            (x, k, r, _, done, _, _), _ = jax.lax.scan(
                 scan_body, init, None, length=max(self.max_steps - self.min_steps, 0))
         return x, SolverStats(iterations=k, residual=r, converged=done)
 
