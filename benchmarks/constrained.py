@@ -54,6 +54,7 @@ from run import (
     diffrax_runner,
     fmt,
     jsonable,
+    panel_grid,
     log,
     machine_info,
     time_at_error,
@@ -935,12 +936,7 @@ def plot_b(res, ts):
     ts = np.asarray(res.get("series_t", series(ts)))
 
     keys = list(res["vijax"])
-    ncol = min(3, len(keys))
-    nrow = -(-len(keys) // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(5.2 * ncol, 3.9 * nrow), squeeze=False,
-                             sharey=True)
-    for ax in axes.flat[len(keys):]:
-        ax.set_visible(False)
+    fig, axes = panel_grid(len(keys), 5.2, 3.9)
     for ax, vkey in zip(axes.flat, keys):
         vr = res["vijax"][vkey]
         ax.semilogy(ts[1:], np.abs(vr["dE"][1:]) + 1e-18, color=style(vkey)["color"],

@@ -526,16 +526,24 @@ def part_b(cfg, repeats):
     return out
 
 
+def panel_grid(n, width, height):
+    """A figure of ``n`` panels, three per row, sharing the y axis; unused cells hidden."""
+    import matplotlib.pyplot as plt
+
+    ncol = min(3, n)
+    nrow = -(-n // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(width * ncol, height * nrow), squeeze=False,
+                             sharey=True)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, axes
+
+
 def plot_energy(res, ts, path):
     import matplotlib.pyplot as plt
 
     keys = list(res["vijax"])
-    ncol = min(3, len(keys))
-    nrow = -(-len(keys) // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(5 * ncol, 3.8 * nrow), squeeze=False,
-                             sharey=True)
-    for ax in axes.flat[len(keys):]:
-        ax.set_visible(False)
+    fig, axes = panel_grid(len(keys), 5, 3.8)
     for ax, vkey in zip(axes.flat, keys):
         vr = res["vijax"][vkey]
         ax.semilogy(vr["t"][1:], np.abs(vr["dE"][1:]) + 1e-18,
