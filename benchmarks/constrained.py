@@ -52,6 +52,7 @@ import _problems as P
 from run import (
     _once,
     diffrax_runner,
+    command_line,
     fmt,
     jsonable,
     panel_grid,
@@ -60,6 +61,7 @@ from run import (
     time_at_error,
     timed,
     unjson,
+    write_summary,
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -1179,9 +1181,7 @@ def main(argv=None):
         if "b" in res:
             r = res["b"]["results"]
             plot_b(r, np.linspace(0.0, r["T"], r["n_save"] + 1))
-        text = "\n".join(summary(res))
-        print(text)
-        (RESULTS / f"constrained_summary{TAG}.txt").write_text(text + "\n")
+        write_summary(summary(res), RESULTS / f"constrained_summary{TAG}.txt")
         return
     info = machine_info()
     log(f"machine: {info['platform']} | {info['cpu']} x {info['cpu_count']} | jax "
@@ -1199,17 +1199,13 @@ def main(argv=None):
         log(f"[{p}] done in {dt:.1f} s (load average {load0} -> {loadavg()})")
         doc["parts"][p] = dict(part=p, machine=info, config=cfg[p], seconds=dt,
                                loadavg_start=load0, loadavg_end=loadavg(),
-                               command="python benchmarks/constrained.py " + " ".join(
-                                   argv if argv is not None else sys.argv[1:]),
+                               command=command_line("constrained.py", argv),
                                results=r)
         doc["parts"][p] = unjson(jsonable(doc["parts"][p]))
         path.write_text(json.dumps(jsonable(doc), indent=1))
     lines = summary(doc["parts"])
-    lines.append(f"total wall time {time.perf_counter() - t_start:.1f} s; command: python "
-                 f"benchmarks/constrained.py {' '.join(argv if argv is not None else sys.argv[1:])}")
-    text = "\n".join(lines)
-    print(text)
-    (RESULTS / f"constrained_summary{TAG}.txt").write_text(text + "\n")
+    write_summary(lines, RESULTS / f"constrained_summary{TAG}.txt", t_start,
+                  command_line("constrained.py", argv))
 
 
 if __name__ == "__main__":

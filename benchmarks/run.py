@@ -526,6 +526,25 @@ def part_b(cfg, repeats):
     return out
 
 
+def command_line(script, argv=None):
+    """The command that produced a result, for the JSON and the summary."""
+    return f"python benchmarks/{script} " + " ".join(argv if argv is not None else sys.argv[1:])
+
+
+def write_summary(lines, path, t_start=None, command=None):
+    """Print the summary and write it to ``path``; a full run adds its wall time and
+    command, a ``--summary-only`` rebuild says so."""
+    if t_start is None:
+        lines = lines + ["(summary rebuilt from the JSON files; each part's command and "
+                         "machine state are in its JSON)"]
+    else:
+        lines = lines + [f"total wall time {time.perf_counter() - t_start:.1f} s; command: "
+                         f"{command}"]
+    text = "\n".join(lines)
+    print(text)
+    path.write_text(text + "\n")
+
+
 def panel_grid(n, width, height):
     """A figure of ``n`` panels, three per row, sharing the y axis; unused cells hidden."""
     import matplotlib.pyplot as plt
@@ -1123,11 +1142,7 @@ def main(argv=None):
             if f.exists():
                 results[p] = unjson(json.loads(f.read_text())["results"])
         replot(results)
-        text = "\n".join(summary(results) + [
-            "(summary rebuilt from the JSON files; each part's command and machine state "
-            "are in its JSON)"])
-        print(text)
-        (RESULTS / f"summary{tag}.txt").write_text(text + "\n")
+        write_summary(summary(results), RESULTS / f"summary{tag}.txt")
         return
     t_start = time.perf_counter()
     results, ref_cache = {}, {}
@@ -1151,11 +1166,7 @@ def main(argv=None):
         (RESULTS / f"{names[p]}{tag}.json").write_text(json.dumps(jsonable(payload),
                                                                   indent=1))
     lines = summary(results)
-    lines.append(f"total wall time {time.perf_counter() - t_start:.1f} s; command: python "
-                 f"benchmarks/run.py {' '.join(argv if argv is not None else sys.argv[1:])}")
-    text = "\n".join(lines)
-    print(text)
-    (RESULTS / f"summary{tag}.txt").write_text(text + "\n")
+    write_summary(lines, RESULTS / f"summary{tag}.txt", t_start, command_line("run.py", argv))
 
 
 if __name__ == "__main__":

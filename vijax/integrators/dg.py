@@ -247,6 +247,12 @@ def _mixed_matrix(bu: _Basis, bv: _Basis) -> np.ndarray:
     return (bu.values(c) * w[:, None]).T @ bv.derivs(c)
 
 
+def _step_ratio(state, h):
+    """``h / h_prev`` for the predictor; 0 on the first step (no previous interval: the
+    extrapolation then repeats the initial data)."""
+    return jnp.where(state.h > 0, h / jnp.where(state.h > 0, state.h, 1.0), 0.0)
+
+
 def _extrapolation(nodes: np.ndarray, ratio, at) -> Array:
     """Values at ``1 + ratio * at`` of the polynomial through ``nodes``: predictor matrix."""
     return _lagrange_jnp(nodes, 1.0 + ratio * jnp.asarray(at))
@@ -579,7 +585,7 @@ class DGVI(_ContinuousTimeVI):
     def _predictor(self, state, h, constrained, system):
         bq, bg = self._bases()
         dtype = state.q.dtype
-        ratio = jnp.where(state.h > 0, h / jnp.where(state.h > 0, state.h, 1.0), 0.0)
+        ratio = _step_ratio(state, h)
         Eq = _extrapolation(bq.nodes, ratio, bq.nodes).astype(dtype)
         e1 = _extrapolation(bq.nodes, ratio, np.ones(1)).astype(dtype)[0]
         Tinv = jnp.asarray(bq.Tinv, dtype)
@@ -803,7 +809,7 @@ class CGVI(_ContinuousTimeVI):
         dtype = state.q.dtype
         h = jnp.asarray(h, dtype)
         q_i, p_i = state.q, state.p
-        ratio = jnp.where(state.h > 0, h / jnp.where(state.h > 0, state.h, 1.0), 0.0)
+        ratio = _step_ratio(state, h)
         Eq = _extrapolation(bq.nodes, ratio, bq.nodes[1:]).astype(dtype)
         Ep = _extrapolation(bp.nodes, ratio, bp.nodes).astype(dtype)
         e1 = _extrapolation(bp.nodes, ratio, np.ones(1)).astype(dtype)[0]

@@ -322,8 +322,15 @@ class GalerkinVI(AbstractIntegrator):
             lam = jnp.concatenate([lam, jnp.zeros((1, m), dtype)])
         return lam
 
-    def _equations(self, system, state, h, X):
-        """Residuals of spec 002 §3.7 (scaled to O(1) blocks) and the next incoming momentum."""
+    def _shares_node_multiplier(self, system) -> bool:
+        """Paper mode with Lobatto constraint nodes: the node multiplier ``lam_k^0`` is
+        shared with the previous interval (weight ``2 h e_1``; spec 002 pitfall 2)."""
+        return self.mode == "paper" and self._lobatto_g and cons.has_holonomic(system)
+
+    def _equations(self, system, state, h, X, G0=None):
+        """Residuals of spec 002 §3.7 (scaled to O(1) blocks) and the next incoming momentum.
+        ``G0 = G(q_k)``, given when :meth:`_shares_node_multiplier` (evaluated once per step,
+        outside the Newton iteration)."""
         Zs, mu = X
         q0 = state.q
         dtype = q0.dtype
@@ -340,11 +347,8 @@ class GalerkinVI(AbstractIntegrator):
         if constrained:
             k = self._consts(dtype)
             if self._lobatto_g:
-                # The node multiplier is shared with the previous interval (weight 2 h e_1 in
-                # the paper mode after the first step; spec 002 pitfall 2).
-                sigma_minus_1 = 0.0 if self.mode == "projected" else 1.0 - state.first
-                G0 = cons.constraint_jacobian(system, q0)
-                rows[0] = r0 - sigma_minus_1 * k["e"][0] * (G0.T @ mu[0])
+                if G0 is not None:  # paper mode, after the first step
+                    rows[0] = r0 - (1.0 - state.first) * k["e"][0] * (G0.T @ mu[0])
                 f_rows = k["lf"][1:]
             else:
                 f_rows = k["lf"]
@@ -378,8 +382,10 @@ class GalerkinVI(AbstractIntegrator):
         Zprev = state.controls
         Z0 = k["extrap"] @ Zprev - Zprev[-1]
         X0 = (Z0[1:], h * state.mults)
-        X, stats = self.solver.solve(lambda X: self._equations(system, state, h, X)[0], X0)
-        _, pi1 = self._equations(system, state, h, X)
+        G0 = (cons.constraint_jacobian(system, state.q)
+              if self._shares_node_multiplier(system) else None)
+        X, stats = self.solver.solve(lambda X: self._equations(system, state, h, X, G0)[0], X0)
+        _, pi1 = self._equations(system, state, h, X, G0)
         Zs, mu = X
         q1 = state.q + h * Zs[-1]
         v_guess = k["d1"] @ jnp.concatenate([jnp.zeros_like(Zs[:1]), Zs])
@@ -389,8 +395,7 @@ class GalerkinVI(AbstractIntegrator):
             p1 = pi1
         v1 = system.velocity(q1, p1, v_guess)
         lams = mu / h
-        if self.mode == "paper" and self._lobatto_g and cons.has_holonomic(system):
-            G0 = cons.constraint_jacobian(system, state.q)
+        if G0 is not None:
             p_raw = state.pi - (1.0 - state.first) * k["e"][0] * (G0.T @ mu[0])
             lam_raw = lams[0]
         elif self.mode == "paper":
