@@ -141,8 +141,8 @@ def test_traits():
     assert DGVI(3, Quadrature.rectangle("left", n=30)).order == 1
     assert DGVI(3, Quadrature.rectangle("mid", n=30)).order == 2
     assert CGVI(2).order == 4 and CGVI(1).order == 2
-    assert DGVI.symplectic and DGVI.supports_holonomic and not DGVI.requires_holonomic
-    assert CGVI.symplectic and not CGVI.supports_holonomic
+    assert DGVI.symplectic and vj.HolonomicSystem in DGVI.supported and not DGVI.required
+    assert CGVI.symplectic and not CGVI.supported
     assert DGVI(3).quadrature.size == 6 and CGVI(2).quadrature.size == 4  # defaults 2s, 2r
 
 
@@ -544,7 +544,7 @@ def test_gauge_invariance(cart_run):
     assert np.max(np.abs(b.states.pz - cart_run.states.pz)) > 1.0
 
 
-class DoubledCartesianPendulum(vj.systems.CartesianPendulum):
+class DoubledCartesianPendulum(vj.systems.AbstractCartesianPendulum):
     """The paper's gap g = |q|² - l² (twice the catalogue's)."""
 
     def holonomic(self, q):

@@ -26,7 +26,7 @@ GRAV = 9.81
 THETA0, OMEGA0 = 1.0, 0.5
 
 
-class SpringPendulum(vj.MechanicalSystem):
+class SpringPendulum(vj.MechanicalSystem, vj.HolonomicSystem):
     """Cartesian pendulum of length l (spec 002 eq. (69) A) plus a spring ½k|q - c|²
     (pitfall 6); l and k are differentiable parameters."""
 

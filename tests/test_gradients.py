@@ -167,7 +167,7 @@ def test_unrolled_iterations_agree_with_implicit_differentiation():
     SimplifiedNewton are compared with the IFT in test_solvers.py.)"""
     # unrolled solves scan over max_steps iterations whether converged or not: keep the cap
     # modest (still well above what the solves need)
-    unrolled = vj.solvers.FixedPoint(max_steps=30, implicit_diff=False)
+    unrolled = vj.solvers.FixedPoint(max_steps=30, adjoint=vj.solvers.UnrolledAdjoint())
     ift = pendulum_problem(INTEGRATORS["gauss2"])
     problem = pendulum_problem(vj.VPRK.gauss(2, solver=unrolled))
     theta, n = problem.theta, problem.n

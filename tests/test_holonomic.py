@@ -16,7 +16,7 @@ import vijax as vj
 T = 2.0
 
 
-class CartesianPendulum(vj.MechanicalSystem):
+class CartesianPendulum(vj.MechanicalSystem, vj.HolonomicSystem):
     k: float = 0.0  # spring constant of the nonlinear-potential variant
 
     def mass_matrix(self, q):

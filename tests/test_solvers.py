@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vijax.solvers import FixedPoint, Newton, SimplifiedNewton, default_tolerance
+from vijax.solvers import (FixedPoint, ImplicitAdjoint, Newton, SimplifiedNewton, UnrolledAdjoint,
+                           default_tolerance)
 
 # x^3 = a componentwise; from x0 = 1 every solver below converges for these a (the
 # simplified-Newton map x - (x^3 - a)/3 contracts with rate |1 - x*^2| <= 0.37 here).
@@ -38,13 +39,13 @@ ALL_SOLVERS = {
     "newton": Newton(),
     "simplified_newton": SimplifiedNewton(),
     "fixed_point": FixedPoint(),
-    "newton_unrolled": Newton(implicit_diff=False),
-    "simplified_newton_unrolled": SimplifiedNewton(implicit_diff=False),
-    "fixed_point_unrolled": FixedPoint(implicit_diff=False),
+    "newton_unrolled": Newton(adjoint=UnrolledAdjoint()),
+    "simplified_newton_unrolled": SimplifiedNewton(adjoint=UnrolledAdjoint()),
+    "fixed_point_unrolled": FixedPoint(adjoint=UnrolledAdjoint()),
 }
 solver_params = pytest.mark.parametrize("solver", list(ALL_SOLVERS.values()),
                                         ids=list(ALL_SOLVERS))
-# The iteration is the same code with or without implicit_diff (while_loop vs masked scan);
+# The iteration is the same code whichever the adjoint (while_loop vs masked scan);
 # the cheaper tests run on all six variants, the rest on these four.
 SOME = ["newton", "simplified_newton", "fixed_point", "fixed_point_unrolled"]
 
@@ -118,9 +119,9 @@ def _reference_iterates(update, x0, n):
     return xs, rs
 
 
-@pytest.mark.parametrize("implicit_diff", [True, False])
+@pytest.mark.parametrize("adjoint", [ImplicitAdjoint(), UnrolledAdjoint()], ids=["implicit", "unrolled"])
 @pytest.mark.parametrize("kind", ["newton", "simplified_newton", "fixed_point"])
-def test_statistics_match_a_reference_implementation(kind, implicit_diff):
+def test_statistics_match_a_reference_implementation(kind, adjoint):
     """``iterations`` counts the updates that produced the returned root, ``residual`` is
     max|F| at the iterate before it, and the stopping rule neither stops before the
     tolerance is met nor runs much past it."""
@@ -129,7 +130,7 @@ def test_statistics_match_a_reference_implementation(kind, implicit_diff):
     x0 = np.ones(3)
     cls = {"newton": Newton, "simplified_newton": SimplifiedNewton,
            "fixed_point": FixedPoint}[kind]
-    solver = cls(rtol=tol, atol=tol, implicit_diff=implicit_diff)
+    solver = cls(rtol=tol, atol=tol, adjoint=adjoint)
     if kind == "newton":
         ref_update = lambda x: ((x**3 - a) / (3 * x**2), x**3 - a)  # noqa: E731
     else:  # Jacobian (or preconditioner) frozen at x0 = 1
@@ -203,7 +204,7 @@ def test_coupled_2d_system(solver):
 
 @some_solver_params
 def test_iteration_cap_reports_non_convergence(solver):
-    capped = type(solver)(max_steps=2, implicit_diff=solver.implicit_diff)
+    capped = type(solver)(max_steps=2, adjoint=solver.adjoint)
     x0 = jnp.ones(3)
     x, st = run(capped, cubic(A), x0, cubic_precond(x0))
     assert not bool(st.converged)
@@ -224,11 +225,11 @@ def test_no_root_is_not_converged(solver):
     assert int(st.iterations) == solver.max_steps or not bool(jnp.all(jnp.isfinite(x)))
 
 
-@pytest.mark.parametrize("implicit_diff", [True, False])
-def test_nan_residual_stops_immediately(implicit_diff):
+@pytest.mark.parametrize("adjoint", [ImplicitAdjoint(), UnrolledAdjoint()], ids=["implicit", "unrolled"])
+def test_nan_residual_stops_immediately(adjoint):
     # sqrt of a negative number: the very first residual (and iterate) is NaN
     fn = lambda x: jnp.sqrt(x) - 2.0  # noqa: E731
-    x, st = Newton(implicit_diff=implicit_diff).solve(fn, jnp.array([-1.0]))
+    x, st = Newton(adjoint=adjoint).solve(fn, jnp.array([-1.0]))
     assert not bool(st.converged)
     assert int(st.iterations) == 1
     assert bool(jnp.isnan(st.residual))
@@ -267,9 +268,9 @@ def test_damped_newton_converges_where_plain_newton_diverges():
     assert not bool(st.converged)
 
 
-@pytest.mark.parametrize("implicit_diff", [True, False])
-def test_damped_newton_gradient(implicit_diff):
-    solver = Newton(damped=True, implicit_diff=implicit_diff)
+@pytest.mark.parametrize("adjoint", [ImplicitAdjoint(), UnrolledAdjoint()], ids=["implicit", "unrolled"])
+def test_damped_newton_gradient(adjoint):
+    solver = Newton(damped=True, adjoint=adjoint)
 
     def root(c):  # arctan(x - c) = c^3 - 1 at x = c + tan(c^3 - 1)
         return solver.solve(lambda x: jnp.arctan(x - c) - (c**3 - 1.0), jnp.array([4.0]))[0][0]
@@ -457,13 +458,13 @@ def _noisy_linear(noise):
     return f, np.linalg.solve(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.parametrize("implicit_diff", [True, False])
-def test_a_noise_floor_far_below_the_first_increment_is_accepted(implicit_diff):
+@pytest.mark.parametrize("adjoint", [ImplicitAdjoint(), UnrolledAdjoint()], ids=["implicit", "unrolled"])
+def test_a_noise_floor_far_below_the_first_increment_is_accepted(adjoint):
     """Residual noise 1e-10 stalls Newton's increments at ~1e4 x the 2.2e-15 tolerance,
     above the 1000 x floor; the iteration has still shrunk its increments by 13 orders from
     the first one, so the stall is round-off and reported as converged."""
     f, root = _noisy_linear(1e-10)
-    x, st = Newton(implicit_diff=implicit_diff).solve(f, jnp.asarray([10.0, -10.0, 10.0]))
+    x, st = Newton(adjoint=adjoint).solve(f, jnp.asarray([10.0, -10.0, 10.0]))
     assert bool(st.converged) and int(st.iterations) < 10
     assert np.max(np.abs(np.asarray(x) - root)) < 1e-9
 
@@ -475,3 +476,86 @@ def test_a_stall_far_above_round_off_is_still_reported():
     f, root = _noisy_linear(1e-7)
     _, st = Newton().solve(f, jnp.asarray(root) + 1e-3)
     assert not bool(st.converged) and int(st.iterations) == Newton().max_steps
+
+
+# ---------------------------------------------------------------------------------------------
+# The solver contract: aux output of the last residual evaluation, adjoints as objects, and
+# NaN derivatives through a failed solve
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("adjoint", [ImplicitAdjoint(), UnrolledAdjoint()],
+                         ids=["implicit", "unrolled"])
+@pytest.mark.parametrize("cls", [Newton, SimplifiedNewton, FixedPoint])
+def test_aux_comes_from_the_last_residual_evaluation_and_differentiates_exactly(cls, adjoint):
+    """``aux = 3 x^2`` computed inside the residual ``x^3 - c``: its value is that of the last
+    evaluated iterate (within the tolerance of the root) and its derivative is exactly
+    ``d(3 x(c)^2)/dc = 6 x x'(c) = 2 / x`` at the root ``x = c^(1/3)``."""
+    solver = cls(adjoint=adjoint)
+
+    def aux_of(c):
+        def fn(x):
+            r = x**3 - c
+            return (r / (3 * 1.2**2) if cls is FixedPoint else r), 3 * x**2
+
+        x, aux, st = solver.solve(fn, jnp.array([1.2]), has_aux=True)
+        return aux[0], (x, st)
+
+    c = 2.0
+    (aux, (x, st)), grad = jax.value_and_grad(aux_of, has_aux=True)(c)
+    assert bool(st.converged)
+    root = c ** (1 / 3)
+    np.testing.assert_allclose(float(x[0]), root, rtol=1e-14)
+    np.testing.assert_allclose(float(aux), 3 * root**2, rtol=1e-14)
+    # exact through the implicit function theorem; the unrolled iterations approximate it
+    rtol = 1e-12 if isinstance(adjoint, ImplicitAdjoint) else 1e-7
+    np.testing.assert_allclose(float(grad), 2 / root, rtol=rtol)
+    # forward mode agrees with reverse mode
+    _, tangent = jax.jvp(lambda c: aux_of(c)[0], (c,), (1.0,))
+    np.testing.assert_allclose(float(tangent), 2 / root, rtol=rtol)
+
+
+def test_aux_is_one_evaluation_not_a_second_solve_pass():
+    """With ``has_aux`` the residual is evaluated exactly once per iteration (the aux rides
+    along), counted at run time."""
+    calls = []
+
+    def fn(x):
+        jax.debug.callback(lambda: calls.append(1))
+        return x**2 - 2.0, 2 * x
+
+    x, aux, st = jax.jit(lambda x0: Newton().solve(fn, x0, has_aux=True))(jnp.array([1.0]))
+    jax.block_until_ready(x)
+    assert len(calls) == int(st.iterations)
+
+
+@pytest.mark.parametrize("adjoint", [ImplicitAdjoint(), UnrolledAdjoint()],
+                         ids=["implicit", "unrolled"])
+def test_derivative_through_a_failed_solve_is_nan(adjoint):
+    """Two Newton iterations cannot reach the tolerance: the value is returned with
+    ``converged=False`` and every derivative through it (root and aux, forward and reverse,
+    under vmap) is NaN -- never a number."""
+    solver = Newton(max_steps=2, adjoint=adjoint)
+
+    def root(c):
+        x, aux, st = solver.solve(lambda x: (x**2 - c, 2 * x), jnp.array([1.0]), has_aux=True)
+        return x[0] + aux[0], st
+
+    (value, st), grad = jax.value_and_grad(root, has_aux=True)(2.0)
+    assert not bool(st.converged) and np.isfinite(float(value))
+    assert np.isnan(float(grad))
+    assert np.isnan(float(jax.jvp(lambda c: root(c)[0], (2.0,), (1.0,))[1]))
+    # under vmap only the failed member's derivative is NaN: c = -1 has no real root
+    def lane(c):
+        return Newton(adjoint=adjoint).solve(lambda x: x**2 - c, jnp.array([1.0]))[0][0]
+
+    grads = jax.vmap(jax.grad(lane))(jnp.array([2.0, -1.0, 3.0]))
+    assert np.isnan(float(grads[1]))
+    np.testing.assert_allclose(np.asarray(grads)[[0, 2]], 0.5 / np.sqrt([2.0, 3.0]),
+                               rtol=1e-8)
+
+
+def test_adjoint_is_an_object_not_a_flag():
+    assert isinstance(Newton().adjoint, ImplicitAdjoint)
+    with pytest.raises(TypeError):
+        Newton(implicit_diff=False)  # the old boolean is gone: pass adjoint=UnrolledAdjoint()

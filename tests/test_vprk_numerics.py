@@ -193,6 +193,10 @@ class RK4(vj.AbstractIntegrator):
     def order(self) -> int:
         return 4
 
+    @property
+    def stages(self) -> int:
+        return 4
+
     def init(self, system, t0, q0, v0):
         return RK4State(t=jnp.asarray(t0, q0.dtype), q=q0, p=system.momentum(q0, v0))
 

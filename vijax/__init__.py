@@ -5,17 +5,18 @@ vijax never changes global JAX configuration: enable float64 yourself with
 """
 
 from . import constraints, diagnostics, lie, solvers, systems, tableaus
-from .integrators import (CGVI, DGVI, AbstractIntegrator, AbstractState, GalerkinState, GalerkinVI,
+from .integrators import (CGVI, DGVI, AbstractIntegrator, AbstractState, IncompatibleSystemError, GalerkinState, GalerkinVI,
                           HolonomicState, HolonomicVPRK, VPRK,
                           VPRKState)
 from .simulate import Solution, StepStats, simulate
 from .solvers import ConvergenceError
-from .systems import LagrangianSystem, MechanicalSystem
+from .systems import HolonomicSystem, LagrangianSystem, MechanicalSystem
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "simulate", "Solution", "StepStats", "LagrangianSystem", "MechanicalSystem",
+    "simulate", "Solution", "StepStats", "LagrangianSystem", "MechanicalSystem", "HolonomicSystem",
+    "IncompatibleSystemError",
     "AbstractIntegrator", "AbstractState", "VPRK", "VPRKState", "HolonomicVPRK", "HolonomicState", "GalerkinVI",
     "GalerkinState", "DGVI", "CGVI", "ConvergenceError",
     "tableaus", "lie", "constraints", "solvers", "systems", "diagnostics",

@@ -13,7 +13,6 @@ import jax.numpy as jnp
 from .solvers import Newton
 
 __all__ = [
-    "has_holonomic",
     "constraint_jacobian",
     "project_position",
     "project_velocity",
@@ -27,10 +26,6 @@ __all__ = [
 
 class InconsistentInitialData(ValueError):
     """Initial data off the constraint manifold (or its tangent bundle)."""
-
-
-def has_holonomic(system) -> bool:
-    return callable(getattr(system, "holonomic", None))
 
 
 def constraint_jacobian(system, q):

@@ -12,7 +12,6 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from .integrators._base import AbstractIntegrator
-from .constraints import has_holonomic, project_position, project_velocity
 from .solvers import ConvergenceError
 
 __all__ = ["simulate", "Solution", "StepStats"]
@@ -127,27 +126,18 @@ def _initial_velocity(system, q0, v0, p0):
 
 
 def _check_compatible(system, integrator) -> None:
-    from .systems import LagrangianSystem  # local: systems imports solvers only
-
-    if isinstance(system, type) and issubclass(system, LagrangianSystem):
-        raise TypeError(f"system must be a vijax.LagrangianSystem instance, got the class "
-                        f"{system.__name__}; pass an instance, e.g. {system.__name__}().")
-    if not isinstance(system, LagrangianSystem):
-        raise TypeError(f"system must be a vijax.LagrangianSystem, got {type(system).__name__}.")
+    if isinstance(system, AbstractIntegrator):
+        raise TypeError(f"system must be a vijax.LagrangianSystem, got the integrator "
+                        f"{type(system).__name__}: the arguments are swapped; call "
+                        f"simulate(system, integrator, ...).")
     if not isinstance(integrator, AbstractIntegrator):
         raise TypeError(f"integrator must be a vijax integrator (e.g. vijax.VPRK.gauss(2)), "
                         f"got {type(integrator).__name__}.")
-    if has_holonomic(system) and not integrator.supports_holonomic:
-        raise ValueError(f"{type(system).__name__} has holonomic constraints but "
-                         f"{integrator.name} does not support them; use a constrained method: "
-                         f"vijax.HolonomicVPRK.lobatto(s) or vijax.HolonomicVPRK.rattle().")
-    if integrator.requires_holonomic and not has_holonomic(system):
-        raise ValueError(f"{integrator.name} integrates holonomically constrained systems, but "
-                         f"{type(system).__name__} defines no holonomic(q); use vijax.VPRK for "
-                         f"unconstrained systems.")
-    if hasattr(system, "nonholonomic") and not integrator.supports_nonholonomic:
-        raise ValueError(f"{type(system).__name__} has nonholonomic constraints but "
-                         f"{integrator.name} does not support them.")
+    base = integrator.system_type
+    if isinstance(system, type) and issubclass(system, base):
+        raise TypeError(f"system must be a vijax.{base.__name__} instance, got the class "
+                        f"{system.__name__}; pass an instance, e.g. {system.__name__}().")
+    integrator.check_system(system)
 
 
 @eqx.filter_jit
@@ -209,12 +199,14 @@ def simulate(
     ``failed_step``); with ``throw=True`` it raises :class:`~vijax.solvers.ConvergenceError`
     naming the step.  The working dtype is that of ``q0``.
 
-    For holonomically constrained systems the initial data must lie on ``g(q) = 0`` and its
-    hidden constraint ``G(q) v = 0``; ``project=True`` projects them first
-    (:func:`vijax.constraints.project_position`, :func:`~vijax.constraints.project_velocity`).
+    The integrator decides which systems it accepts (:meth:`AbstractIntegrator.check_system`)
+    and which initial data are consistent (:meth:`AbstractIntegrator.check_initial`); for
+    holonomically constrained systems ``(q0, v0)`` must lie on ``g(q) = 0`` and its hidden
+    constraint ``G(q) v = 0``.  ``project=True`` projects them first
+    (:meth:`LagrangianSystem.project_configuration`, :meth:`~LagrangianSystem.project_velocity`).
     """
     _check_compatible(system, integrator)
-    q0 = _vector("q0", q0, getattr(system, "ndim", None))
+    q0 = _vector("q0", q0, system.ndim)
     if not isinstance(n_steps, numbers.Integral) or isinstance(n_steps, bool) or n_steps <= 0:
         raise ValueError(f"n_steps must be a positive Python int, got {n_steps!r}.")
     if not isinstance(save_every, numbers.Integral) or isinstance(save_every, bool) \
@@ -232,15 +224,14 @@ def simulate(
         dt = eqx.error_if(dt, dt <= 0, "simulate: dt must be positive.")
     elif not (float(dt) > 0 and np.isfinite(float(dt))):
         raise ValueError(f"dt must be positive and finite, got {float(dt)}.")
-    if project and has_holonomic(system):
-        q0 = project_position(system, q0)
+    if project:
+        q0 = system.project_configuration(q0)
     v0 = _initial_velocity(system, q0, v0, p0)
-    if project and has_holonomic(system):
-        v0 = project_velocity(system, q0, v0)
+    if project:
+        v0 = system.project_velocity(q0, v0)
     _check_regular(system, q0, v0)
-    check = getattr(integrator, "check_initial", None)
-    if check is not None and not (_is_traced(q0) or _is_traced(v0)):
-        check(system, q0, v0, float(jnp.finfo(dtype).eps) ** 0.6)
+    if not (_is_traced(q0) or _is_traced(v0)):
+        integrator.check_initial(system, q0, v0, float(jnp.finfo(dtype).eps) ** 0.6)
     for name, x in (("q0", q0), ("v0", v0)):
         if not _is_traced(x) and not bool(np.all(np.isfinite(np.asarray(x)))):
             raise ValueError(f"{name} contains non-finite values: {np.asarray(x)}.")

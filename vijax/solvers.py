@@ -13,19 +13,19 @@ through it:
   iteration for non-stiff mechanical problems.
 
 All three run the same ``lax.while_loop`` to a mixed tolerance with an iteration cap, report
-per-solve :class:`SolverStats` (iterations, residual, converged) and -- by default -- are
-differentiated by the implicit function theorem through :func:`jax.lax.custom_root`: the
-tangent/cotangent of the converged root solves one linear system with the exact Jacobian
-``dF/dx`` at the root, whichever iteration found it.  With ``implicit_diff=False`` the
-iterations are unrolled instead (a fixed-length ``lax.scan``), which is slower and exists for
-comparison.
+per-solve :class:`SolverStats` (iterations, residual, converged) and are differentiated as
+their ``adjoint`` says: :class:`ImplicitAdjoint` (default) by the implicit function theorem
+through :func:`jax.lax.custom_root` -- the tangent/cotangent of the converged root solves one
+linear system with the exact Jacobian ``dF/dx`` at the root, whichever iteration found it --
+or :class:`UnrolledAdjoint` through the iterations (a fixed-length ``lax.scan``; slower, for
+comparison).  A derivative through a solve that did not converge is NaN.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import Optional
+from typing import Any, ClassVar, Optional
 
 import equinox as eqx
 import jax
@@ -37,6 +37,9 @@ from jaxtyping import Array, Bool, Float, Int
 __all__ = [
     "SolverStats",
     "AbstractRootSolver",
+    "AbstractAdjoint",
+    "ImplicitAdjoint",
+    "UnrolledAdjoint",
     "Newton",
     "SimplifiedNewton",
     "FixedPoint",
@@ -93,8 +96,88 @@ def _tangent_solve(g, y):
     return _dense_solve(jax.jacfwd(g)(y), y)
 
 
+@jax.custom_jvp
+def _nan_tangent_if(x, failed):
+    """Identity on ``x``; its tangent is NaN where ``failed`` (a gradient through a solve
+    that did not converge is NaN, never a number)."""
+    return x
+
+
+@_nan_tangent_if.defjvp
+def _nan_tangent_if_jvp(primals, tangents):
+    x, failed = primals
+    tx, _ = tangents
+    # A product, not a select: linear in the tangent, so its transpose (reverse mode) is NaN too.
+    nan = lambda t: t * jnp.where(failed, jnp.nan, 1.0).astype(t.dtype)  # noqa: E731
+    return x, jax.tree_util.tree_map(nan, tx)
+
+
+def _with_aux_tangent(fc, consts, x, aux):
+    """``aux`` (taken from the last residual evaluation) with the tangent of ``aux(x)`` at the
+    root ``x``: the primal costs nothing, the derivative is exact (``fc(y, *consts)`` is the
+    closure-converted ``y -> (residual, aux)``)."""
+
+    @jax.custom_jvp
+    def attach(x, consts, aux):
+        return aux
+
+    @attach.defjvp
+    def attach_jvp(primals, tangents):
+        x, consts, aux = primals
+        tx, tconsts, _ = tangents
+        _, taux = jax.jvp(lambda y, c: fc(y, *c)[1], (x, consts), (tx, tconsts))
+        return aux, taux
+
+    return attach(x, consts, aux)
+
+
+class AbstractAdjoint(eqx.Module):
+    """How derivatives flow through a root solve (the role of optimistix's adjoints)."""
+
+    @abc.abstractmethod
+    def apply(self, solver: "AbstractRootSolver", f: Callable, x0: Array,
+              precond: Optional[Callable], has_aux: bool) -> tuple[Array, Array, "SolverStats"]:
+        """Run ``solver`` on the flat ``f: x -> (F(x), aux)`` from ``x0``; return the root,
+        ``aux`` at the root (see :meth:`AbstractRootSolver.solve`) and the statistics."""
+
+
+class ImplicitAdjoint(AbstractAdjoint):
+    """Implicit function theorem (default): the tangent/cotangent of the converged root solves
+    one linear system with the exact Jacobian ``dF/dx`` at the root, whichever iteration found
+    it (:func:`jax.lax.custom_root`).  Memory and cost do not depend on the iteration count."""
+
+    def apply(self, solver, f, x0, precond, has_aux):
+        fc, consts = jax.closure_convert(f, x0)
+
+        def residual(y):
+            return fc(y, *consts)[0]
+
+        # custom_root differentiates its aux output too, so the integer/bool statistics
+        # travel as one float vector and are cast back afterwards.
+        def solve_packed(g, y):
+            x, aux, st = solver._iterate(f, y, precond, bounded=False, has_aux=has_aux)
+            return x, (aux, jnp.stack([st.iterations.astype(x.dtype), st.residual,
+                                       st.converged.astype(x.dtype)]))
+
+        x, (aux, packed) = jax.lax.custom_root(
+            residual, jax.lax.stop_gradient(x0), solve_packed, _tangent_solve, has_aux=True)
+        packed = jax.lax.stop_gradient(packed)
+        stats = SolverStats(iterations=packed[0].astype(jnp.int32), residual=packed[1],
+                            converged=packed[2] > 0.5)
+        aux = _with_aux_tangent(fc, consts, x, jax.lax.stop_gradient(aux))
+        return x, aux, stats
+
+
+class UnrolledAdjoint(AbstractAdjoint):
+    """Differentiate through the iterations themselves: a fixed-length ``lax.scan`` of
+    ``max_steps`` updates, masked after convergence.  Slower; exists for comparison."""
+
+    def apply(self, solver, f, x0, precond, has_aux):
+        return solver._iterate(f, x0, precond, bounded=True, has_aux=has_aux)
+
+
 class AbstractRootSolver(eqx.Module):
-    """Contract of a root solver: ``solve(F, x0, precond) -> (x, SolverStats)``.
+    """Contract of a root solver: ``solve(F, x0, precond, has_aux) -> (x, [aux,] stats)``.
 
     Parameters
     ----------
@@ -103,13 +186,15 @@ class AbstractRootSolver(eqx.Module):
         ``theta / (1 - theta)``, ``theta`` the observed contraction rate; the increment itself
         before a rate is known) is below ``atol + rtol * |x_i|`` in every component -- or, at
         the round-off floor, when increments within 1000 times that bound (or within 1e-8
-        times the first increment, at most 1e6 times the bound) stop shrinking.  ``None`` means :func:`default_tolerance` of the working dtype.
+        times the first increment, at most 1e6 times the bound) stop shrinking.  ``None`` means
+        :func:`default_tolerance` of the working dtype.
     max_steps:
         Iteration cap.  Reaching it without convergence sets ``converged=False`` (never a silent
         NaN: a non-finite iterate stops the loop and is reported the same way).
-    implicit_diff:
-        ``True`` (default): gradients by the implicit function theorem.  ``False``: unrolled
-        iterations (fixed ``max_steps`` iterations, masked after convergence).
+    adjoint:
+        How derivatives flow through the solve: :class:`ImplicitAdjoint` (default; implicit
+        function theorem) or :class:`UnrolledAdjoint` (through the iterations).  Either way a
+        derivative through a solve that did not converge is NaN.
     min_steps:
         Updates always performed, as straight-line code, before the convergence-checked
         loop (cheaper than loop iterations on CPU when the predictor is good).
@@ -118,16 +203,26 @@ class AbstractRootSolver(eqx.Module):
     rtol: Optional[float] = None
     atol: Optional[float] = None
     max_steps: int = eqx.field(static=True, default=50)
-    implicit_diff: bool = eqx.field(static=True, default=True)
+    adjoint: AbstractAdjoint = eqx.field(default_factory=ImplicitAdjoint)
     min_steps: int = eqx.field(static=True, default=0)
+
+    #: ``True`` when the ``aux`` an update returns is that of the iterate it started from
+    #: (not corrected to the new iterate): with ``has_aux`` the stopping test then applies
+    #: to that evaluated iterate, one contraction stricter.
+    _aux_lags: ClassVar[bool] = False
 
     @abc.abstractmethod
     def _make_update(
         self, f: Callable, x0: Array, precond: Optional[Callable]
-    ) -> Callable[[Array], tuple[Array, Array]]:
-        """Return ``update(x) -> (dx, r)`` with ``r = F(x)`` and the step ``x <- x - dx``."""
+    ) -> Callable[[Array], tuple[Array, Array, Array]]:
+        """Return ``update(x) -> (dx, r, aux)`` with ``r = F(x)``, the step ``x <- x - dx`` and
+        the flat aux output at the new iterate (to first order) or, when ``_aux_lags``, at
+        ``x``.  ``f(x) -> (F(x), aux)`` on flat vectors."""
 
-    def _iterate(self, f, x0, precond):
+    def _iterate(self, f, x0, precond, bounded: bool, has_aux: bool = False):
+        """The iteration on flat ``x``; ``f(x) -> (F(x), aux)``.  ``bounded``: a masked
+        fixed-length scan (differentiable by unrolling) instead of a ``while_loop``."""
+        strict = has_aux and self._aux_lags
         dtype = x0.dtype
         tol = default_tolerance(dtype)
         rtol = tol if self.rtol is None else self.rtol
@@ -135,7 +230,7 @@ class AbstractRootSolver(eqx.Module):
         update = self._make_update(f, x0, precond)
 
         def one(x, err_prev, err_first):
-            dx, r = update(x)
+            dx, r, aux = update(x)
             x_new = x - dx
             err = jnp.max(jnp.abs(dx) / (atol + rtol * jnp.abs(x_new)))
             finite = jnp.all(jnp.isfinite(x_new))
@@ -148,82 +243,94 @@ class AbstractRootSolver(eqx.Module):
             # accepted as converged.
             err_first = jnp.where(jnp.isnan(err_first), err, err_first)
             theta = err / err_prev
-            estimate = jnp.where(theta < 1, err * theta / (1 - theta), err)
+            # With a lagging aux the evaluated iterate x itself must be within tolerance:
+            # its error is about err / (1 - theta).
+            rate = (1.0 if strict else theta)
+            estimate = jnp.where(theta < 1, err * rate / (1 - theta), err)
             level = jnp.maximum(_NOISE_FLOOR, jnp.minimum(_STALL_DROP * err_first, _STALL_CAP))
             floor = (err <= level) & (theta >= 1)
             done = ((estimate <= 1) | floor) & finite
-            return x_new, jnp.max(jnp.abs(r)).astype(dtype), err, done, ~finite, err_first
+            return x_new, jnp.max(jnp.abs(r)).astype(dtype), err, done, ~finite, err_first, aux
 
         def body(carry):
-            x, k, _, err, _, _, err_first = carry
-            x, r, err, done, bad, err_first = one(x, err, err_first)
-            return x, k + 1, r, err, done, bad, err_first
+            x, k, _, err, _, _, err_first, _ = carry
+            x, r, err, done, bad, err_first, aux = one(x, err, err_first)
+            return x, k + 1, r, err, done, bad, err_first, aux
 
         # err_prev starts as NaN: no contraction rate is known before the second update.
+        aux0 = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype),
+                                      jax.eval_shape(lambda y: f(y)[1], x0))
         init = (x0, jnp.asarray(0, jnp.int32), jnp.asarray(jnp.inf, dtype),
                 jnp.asarray(jnp.nan, dtype), jnp.asarray(False), jnp.asarray(False),
-                jnp.asarray(jnp.nan, dtype))
+                jnp.asarray(jnp.nan, dtype), aux0)
         # The first ``min_steps`` updates are straight-line code: a loop iteration costs more
         # than a small system's update on CPU, and a good predictor needs few updates anyway.
         for _ in range(min(self.min_steps, self.max_steps)):
             init = body(init)
 
-        if self.implicit_diff:
+        if not bounded:
             def cond(carry):
-                _, k, _, _, done, bad, _ = carry
+                _, k, _, _, done, bad, _, _ = carry
                 return (k < self.max_steps) & ~done & ~bad
 
-            x, k, r, _, done, _, _ = jax.lax.while_loop(cond, body, init)
+            x, k, r, _, done, _, _, aux = jax.lax.while_loop(cond, body, init)
         else:
             def scan_body(carry, _):
-                x, k, r, err, done, bad, err_first = carry
-                new = one(x, err, err_first)
-                stop = done | bad
+                stop = carry[4] | carry[5]
+                new = body(carry)
                 keep = lambda old, new: jnp.where(stop, old, new)  # noqa: E731
-                return (keep(x, new[0]), keep(k, k + 1), keep(r, new[1]), keep(err, new[2]),
-                        keep(done, new[3]), keep(bad, new[4]), keep(err_first, new[5])), None
+                return jax.tree_util.tree_map(keep, carry, new), None
 
-            (x, k, r, _, done, _, _), _ = jax.lax.scan(
+            (x, k, r, _, done, _, _, aux), _ = jax.lax.scan(
                 scan_body, init, None, length=max(self.max_steps - self.min_steps, 0))
-        return x, SolverStats(iterations=k, residual=r, converged=done)
+        return x, aux, SolverStats(iterations=k, residual=r, converged=done)
 
     def solve(
         self,
-        fn: Callable[[Array], Array],
-        x0: Array,
-        precond: Optional[Callable[[Array], Array]] = None,
-    ) -> tuple[Array, SolverStats]:
-        """Solve ``fn(x) = 0`` from the predictor ``x0``.
+        fn: Callable,
+        x0,
+        precond: Optional[Callable] = None,
+        *,
+        has_aux: bool = False,
+    ):
+        """Solve ``fn(x) = 0`` from the predictor ``x0``; returns ``(x, stats)``, or
+        ``(x, aux, stats)`` with ``has_aux``.
 
         ``x0`` may be any pytree of arrays; ``fn(x)`` returns a pytree with as many scalars
-        in total (it need not have the same structure), and ``precond`` maps a residual pytree
-        to an increment shaped like ``x``.
+        in total (it need not have the same structure) -- or, with ``has_aux=True``, a pair
+        ``(residual, aux)``: ``aux`` comes from the *last residual evaluation*, so a quantity
+        the residual computes anyway (an outgoing momentum) costs no evaluation after the
+        solve.  It is made to agree with ``aux(x)`` at the returned root to within the
+        tolerance: the Newton solvers carry it across the last update with its Jacobian
+        from the same forward pass (error second order in the update); :class:`FixedPoint`
+        stops only once the evaluated iterate itself is within the tolerance.  Its
+        derivative is that of ``aux(x)`` at the root, exactly.
 
-        ``fn`` may close over anything (state, step size, system parameters): with
-        ``implicit_diff=True`` those closures are differentiated by the implicit function
-        theorem.  ``precond(r)`` approximates ``J^{-1} r`` (used by :class:`FixedPoint`).
+        ``fn`` may close over anything (state, step size, system parameters): those closures
+        are differentiated through the adjoint (implicit function theorem by default).
+        ``precond(r)`` maps a residual pytree to an increment shaped like ``x`` and
+        approximates ``J^{-1} r`` (used by :class:`FixedPoint`).  A derivative through a solve
+        that did not converge is NaN.
         """
         x0, unravel = ravel_pytree(x0)
         flat = lambda y: ravel_pytree(y)[0]  # noqa: E731
-        f = lambda y: flat(fn(unravel(y))).astype(x0.dtype)  # noqa: E731
-        pc = None if precond is None else (lambda r: flat(precond(unravel(r))))
-        if self.implicit_diff:
-            # custom_root differentiates its aux output too, so the integer/bool statistics
-            # travel as one float vector and are cast back afterwards.
-            def solve_packed(g, y):
-                x, st = self._iterate(g, y, pc)
-                return x, jnp.stack([st.iterations.astype(x.dtype), st.residual,
-                                     st.converged.astype(x.dtype)])
+        split = (lambda out: out) if has_aux else (lambda out: (out, None))  # noqa: E731
+        aux_shape = jax.eval_shape(lambda y: split(fn(unravel(y)))[1], x0)
+        _, unravel_aux = ravel_pytree(jax.tree_util.tree_map(
+            lambda a: jnp.zeros(a.shape, a.dtype), aux_shape))
 
-            x, packed = jax.lax.custom_root(
-                f, jax.lax.stop_gradient(x0), solve_packed, _tangent_solve, has_aux=True
-            )
-            packed = jax.lax.stop_gradient(packed)
-            stats = SolverStats(iterations=packed[0].astype(jnp.int32), residual=packed[1],
-                                converged=packed[2] > 0.5)
-        else:
-            x, stats = self._iterate(f, x0, pc)
-        return unravel(x), stats
+        def f(y):
+            r, aux = split(fn(unravel(y)))
+            aux = flat(aux)
+            return flat(r).astype(x0.dtype), aux.astype(jnp.result_type(aux.dtype, x0.dtype))
+
+        pc = None if precond is None else (lambda r: flat(precond(unravel(r))))
+        x, aux, stats = self.adjoint.apply(self, f, x0, pc, has_aux)
+        failed = ~stats.converged
+        x = _nan_tangent_if(unravel(x), failed)
+        if not has_aux:
+            return x, stats
+        return x, _nan_tangent_if(unravel_aux(aux), failed), stats
 
 
 class Newton(AbstractRootSolver):
@@ -238,24 +345,26 @@ class Newton(AbstractRootSolver):
 
     def _make_update(self, f, x0, precond):
         def with_value(y):
-            r = f(y)
-            return r, r  # one evaluation: the residual rides along as jacfwd's aux output
+            out = f(y)
+            return out, out  # one evaluation: the value rides along as jacfwd's aux output
 
         def update(x):
-            jac, r = jax.jacfwd(with_value, has_aux=True)(x)
+            # The aux output's Jacobian comes from the same forward pass; it carries aux to
+            # the new iterate to second order in the step.
+            (jac, jac_aux), (r, aux) = jax.jacfwd(with_value, has_aux=True)(x)
             dx = _dense_solve(jac, r)
             if not self.damped:
-                return dx, r
+                return dx, r, aux - jac_aux @ dx
             norm0 = jnp.max(jnp.abs(r))
 
             def worse(carry):
                 alpha, k = carry
-                trial = jnp.max(jnp.abs(f(x - alpha * dx)))
+                trial = jnp.max(jnp.abs(f(x - alpha * dx)[0]))
                 return ~(trial < norm0) & (k < 30)
 
             alpha, _ = jax.lax.while_loop(
                 worse, lambda c: (0.5 * c[0], c[1] + 1), (jnp.ones((), x.dtype), 0))
-            return alpha * dx, r
+            return alpha * dx, r, aux - jac_aux @ (alpha * dx)
 
         return update
 
@@ -264,11 +373,13 @@ class SimplifiedNewton(AbstractRootSolver):
     """Newton with the Jacobian evaluated and LU-factorised once, at the predictor ``x0``."""
 
     def _make_update(self, f, x0, precond):
-        lu = jsl.lu_factor(jax.jacfwd(f)(x0))
+        jac, jac_aux = jax.jacfwd(f)(x0)
+        lu = jsl.lu_factor(jac)
 
         def update(x):
-            r = f(x)
-            return jsl.lu_solve(lu, r), r
+            r, aux = f(x)
+            dx = jsl.lu_solve(lu, r)
+            return dx, r, aux - jac_aux @ dx
 
         return update
 
@@ -284,10 +395,11 @@ class FixedPoint(AbstractRootSolver):
 
     max_steps: int = eqx.field(static=True, default=100)
     min_steps: int = eqx.field(static=True, default=2)
+    _aux_lags: ClassVar[bool] = True
 
     def _make_update(self, f, x0, precond):
         def update(x):
-            r = f(x)
-            return (r if precond is None else precond(r)), r
+            r, aux = f(x)
+            return (r if precond is None else precond(r)), r, aux
 
         return update

@@ -1,11 +1,12 @@
 """Integrators, one module per method family."""
 
-from ._base import AbstractIntegrator, AbstractState
+from ._base import (AbstractIntegrator, AbstractState, IncompatibleSystemError, accepting,
+                    registry)
 from ._table import method_table, presets
-from .dg import CGVI, DGVI, CGState, ConstrainedDGState, DGState
-from .galerkin import GalerkinState, GalerkinVI
+from .vprk import VPRK, VPRKState  # noqa: I001 - import order is the method-table order
 from .holonomic import HolonomicState, HolonomicVPRK
-from .vprk import VPRK, VPRKState
+from .galerkin import GalerkinState, GalerkinVI
+from .dg import CGVI, DGVI, CGState, ConstrainedDGState, DGState
 
-__all__ = ["AbstractIntegrator", "AbstractState", "VPRK", "VPRKState", "HolonomicVPRK", "HolonomicState", "GalerkinVI", "GalerkinState",
+__all__ = ["AbstractIntegrator", "AbstractState", "IncompatibleSystemError", "registry", "accepting", "VPRK", "VPRKState", "HolonomicVPRK", "HolonomicState", "GalerkinVI", "GalerkinState",
            "DGVI", "DGState", "ConstrainedDGState", "CGVI", "CGState", "method_table", "presets"]

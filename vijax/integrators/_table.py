@@ -2,35 +2,27 @@
 
 from __future__ import annotations
 
-from .dg import CGVI, DGVI
-from .galerkin import GalerkinVI
-from .holonomic import HolonomicVPRK
-from .vprk import VPRK
+from ..systems import CAPABILITIES
+from ._base import registry
 
 __all__ = ["presets", "method_table"]
 
 
 def presets():
-    """The named presets, as ``(constructor call, integrator)`` pairs."""
-    out = [("VPRK.midpoint()", VPRK.midpoint()), ("VPRK.stormer_verlet()", VPRK.stormer_verlet())]
-    out += [(f"VPRK.gauss({s})", VPRK.gauss(s)) for s in (1, 2, 3, 4)]
-    out += [(f"VPRK.lobatto({s})", VPRK.lobatto(s)) for s in (2, 3, 4, 5)]
-    out += [("HolonomicVPRK.rattle()", HolonomicVPRK.rattle())]
-    out += [(f"HolonomicVPRK.lobatto({s})", HolonomicVPRK.lobatto(s)) for s in (3, 4, 5)]
-    out += [("GalerkinVI.shake()", GalerkinVI.shake()), ("GalerkinVI.rattle()", GalerkinVI.rattle())]
-    out += [(f"GalerkinVI.gauss({s})", GalerkinVI.gauss(s)) for s in (1, 2, 3, 4)]
-    out += [(f"GalerkinVI.lobatto({s})", GalerkinVI.lobatto(s)) for s in (2, 3, 4)]
-    out += [(f"DGVI({s})", DGVI(s)) for s in (1, 2, 3)]
-    out += [(f"CGVI({r})", CGVI(r)) for r in (1, 2)]
-    return out
+    """The named presets of every family, as ``(constructor call, integrator)`` pairs."""
+    return registry()
 
 
 def method_table() -> str:
-    """Markdown table of the presets with their traits (order, stages, symplecticity)."""
-    rows = ["| preset | method | stages | order | symplectic | holonomic | nonholonomic |",
-            "|---|---|---|---|---|---|---|"]
+    """Markdown table of the presets with their traits (order, stages, symplecticity and the
+    capabilities each accepts)."""
+    caps = [c.__name__ for c in CAPABILITIES]
+    rows = ["| preset | method | stages | order | symplectic | " + " | ".join(caps) + " |",
+            "|---|---|---|---|---|" + "---|" * len(caps)]
     yes = lambda b: "yes" if b else "-"  # noqa: E731
     for call, m in presets():
+        accepted = " | ".join(
+            "required" if c in m.required else yes(c in m.supported) for c in CAPABILITIES)
         rows.append(f"| `{call}` | {m.name} | {m.stages} | {m.order} | {yes(m.symplectic)} | "
-                    f"{yes(m.supports_holonomic)} | {yes(m.supports_nonholonomic)} |")
+                    f"{accepted} |")
     return "\n".join(rows)

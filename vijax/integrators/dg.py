@@ -53,7 +53,7 @@ from jaxtyping import Array, Float
 from .. import constraints as cons
 from .. import tableaus as tb
 from ..solvers import AbstractRootSolver, Newton
-from ..systems import MechanicalSystem
+from ..systems import HolonomicSystem, MechanicalSystem
 from ._base import AbstractIntegrator, AbstractState
 
 __all__ = [
@@ -470,7 +470,7 @@ class DGVI(_ContinuousTimeVI):
     m_g: Optional[int] = eqx.field(static=True)
     solver: AbstractRootSolver
 
-    supports_holonomic = True
+    supported = frozenset({HolonomicSystem})
 
     def __init__(self, s: int = 3, quadrature=None, *, kinetic_quadrature=None,
                  basis: str = "lagrange", m_g: Optional[int] = None,
@@ -484,6 +484,10 @@ class DGVI(_ContinuousTimeVI):
         self.basis = basis
         self.m_g = None if m_g is None else _check_int(
             "DGVI: m_g (basis functions of p_g; >= 1 so that it contains constants)", m_g, 1)
+
+    @classmethod
+    def presets(cls):
+        return [(f"DGVI({s})", cls(s)) for s in (1, 2, 3)]
 
     # -- traits -----------------------------------------------------------------------------
     @property
@@ -558,7 +562,7 @@ class DGVI(_ContinuousTimeVI):
     def check_initial(self, system, q0, v0, tol):
         """Constrained: ``q0`` must satisfy ``g(q0) = 0`` (the gap is conserved at the nodes,
         not restored).  The velocity need not be tangent: its normal part is gauge (P7)."""
-        if cons.has_holonomic(system):
+        if isinstance(system, HolonomicSystem):
             g = np.asarray(system.holonomic(q0))
             if np.max(np.abs(g)) > tol:
                 raise cons.InconsistentInitialData(
@@ -575,7 +579,7 @@ class DGVI(_ContinuousTimeVI):
         common = dict(t=jnp.asarray(t0, dtype), q=q0, h=zero,
                       Q=jnp.broadcast_to(q0, (s, n)), P=jnp.broadcast_to(p0, (s, n)),
                       balance=zero, jump_q=jnp.zeros_like(q0), jump_p=jnp.zeros_like(q0))
-        if not cons.has_holonomic(system):
+        if not isinstance(system, HolonomicSystem):
             return DGState(p=p0, **common)
         nc = system.holonomic(q0).shape[0]
         return ConstrainedDGState(p=cons.project_momentum(system, q0, p0), pz=p0,
@@ -599,7 +603,7 @@ class DGVI(_ContinuousTimeVI):
         return X
 
     def step(self, system, state, h):
-        constrained = cons.has_holonomic(system)
+        constrained = isinstance(system, HolonomicSystem)
         if constrained != isinstance(state, ConstrainedDGState):
             raise ValueError("DGVI: the state does not match the system (constrained state for an "
                              "unconstrained system or vice versa); build it with init().")
@@ -763,6 +767,10 @@ class CGVI(_ContinuousTimeVI):
         self.r = _check_int("CGVI: r (polynomial degree of q)", r, 1)
         self.quadrature, self.kinetic_quadrature, self.solver = self._rules(
             2 * self.r, quadrature, kinetic_quadrature, solver)
+
+    @classmethod
+    def presets(cls):
+        return [(f"CGVI({r})", cls(r)) for r in (1, 2)]
 
     @property
     def order(self) -> int:

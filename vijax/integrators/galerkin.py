@@ -49,6 +49,7 @@ from jaxtyping import Array, Float
 from .. import constraints as cons
 from .. import tableaus as tb
 from ..solvers import AbstractRootSolver, Newton
+from ..systems import HolonomicSystem
 from ._base import AbstractIntegrator, AbstractState
 
 __all__ = ["GalerkinState", "GalerkinVI"]
@@ -136,7 +137,7 @@ class GalerkinVI(AbstractIntegrator):
     solver: AbstractRootSolver
 
     symplectic = True
-    supports_holonomic = True
+    supported = frozenset({HolonomicSystem})
 
     def __init__(self, s: int, w: int | None = None, *,
                  quadrature: Literal["gauss", "lobatto"] = "gauss", ordL: int | None = None,
@@ -237,6 +238,12 @@ class GalerkinVI(AbstractIntegrator):
         hidden constraint."""
         return cls(1, 1, quadrature="lobatto", ordL=2, mode="paper", **kwargs)
 
+    @classmethod
+    def presets(cls):
+        out = [(f"GalerkinVI.gauss({s})", cls.gauss(s)) for s in (1, 2, 3, 4)]
+        out += [(f"GalerkinVI.lobatto({s})", cls.lobatto(s)) for s in (2, 3, 4)]
+        return out + [("GalerkinVI.rattle()", cls.rattle()), ("GalerkinVI.shake()", cls.shake())]
+
     # -- traits -----------------------------------------------------------------------------
     @property
     def order(self) -> int:
@@ -309,7 +316,7 @@ class GalerkinVI(AbstractIntegrator):
         Q = q0 + h * (k["lc"] @ Z)
         V = k["dc"] @ Z
         val = k["b"] @ jax.vmap(system.lagrangian)(Q, V)
-        if cons.has_holonomic(system):
+        if isinstance(system, HolonomicSystem):
             gq = jax.vmap(system.holonomic)(q0 + h * (k["lf"] @ Z))
             val = val - jnp.sum(k["e"][:, None] * gq * lam)
         return val
@@ -325,7 +332,7 @@ class GalerkinVI(AbstractIntegrator):
     def _shares_node_multiplier(self, system) -> bool:
         """Paper mode with Lobatto constraint nodes: the node multiplier ``lam_k^0`` is
         shared with the previous interval (weight ``2 h e_1``; spec 002 pitfall 2)."""
-        return self.mode == "paper" and self._lobatto_g and cons.has_holonomic(system)
+        return self.mode == "paper" and self._lobatto_g and isinstance(system, HolonomicSystem)
 
     def _equations(self, system, state, h, X, G0=None):
         """Residuals of spec 002 §3.7 (scaled to O(1) blocks) and the next incoming momentum.
@@ -335,7 +342,7 @@ class GalerkinVI(AbstractIntegrator):
         q0 = state.q
         dtype = q0.dtype
         n = q0.shape[0]
-        constrained = cons.has_holonomic(system)
+        constrained = isinstance(system, HolonomicSystem)
         m = mu.shape[-1]
         Z = jnp.concatenate([jnp.zeros((1, n), dtype), Zs])
         lam = self._node_multipliers(mu, h, m, dtype)
@@ -357,11 +364,11 @@ class GalerkinVI(AbstractIntegrator):
 
     # -- the integrator contract ------------------------------------------------------------------
     def check_initial(self, system, q0, v0, tol):
-        if cons.has_holonomic(system):
+        if isinstance(system, HolonomicSystem):
             cons.check_consistent(system, q0, v0, tol)
 
     def _multiplier(self, system, q, v):
-        if cons.has_holonomic(system):
+        if isinstance(system, HolonomicSystem):
             return cons.multiplier(system, q, v)
         return jnp.zeros((0,), q.dtype)
 
@@ -384,12 +391,13 @@ class GalerkinVI(AbstractIntegrator):
         X0 = (Z0[1:], h * state.mults)
         G0 = (cons.constraint_jacobian(system, state.q)
               if self._shares_node_multiplier(system) else None)
-        X, stats = self.solver.solve(lambda X: self._equations(system, state, h, X, G0)[0], X0)
-        _, pi1 = self._equations(system, state, h, X, G0)
+        # pi_{k+1} from the last residual evaluation: no evaluation after the solve.
+        X, pi1, stats = self.solver.solve(lambda X: self._equations(system, state, h, X, G0),
+                                          X0, has_aux=True)
         Zs, mu = X
         q1 = state.q + h * Zs[-1]
         v_guess = k["d1"] @ jnp.concatenate([jnp.zeros_like(Zs[:1]), Zs])
-        if cons.has_holonomic(system):
+        if isinstance(system, HolonomicSystem):
             p1 = cons.project_momentum(system, q1, pi1, v_guess)
         else:
             p1 = pi1

@@ -25,6 +25,7 @@ from jaxtyping import Array, Float
 from .. import constraints as cons
 from .. import tableaus as tb
 from ..solvers import AbstractRootSolver, Newton
+from ..systems import HolonomicSystem
 from ._base import AbstractState
 from .vprk import VPRK, AbstractPRK, stage_values
 
@@ -73,8 +74,8 @@ class HolonomicVPRK(AbstractPRK):
     solver: AbstractRootSolver
 
     symplectic = True
-    supports_holonomic = True
-    requires_holonomic = True
+    supported = frozenset({HolonomicSystem})
+    required = frozenset({HolonomicSystem})
 
     def __init__(self, tableau, solver: AbstractRootSolver | None = None):
         pair = VPRK(tableau).tableau
@@ -92,19 +93,10 @@ class HolonomicVPRK(AbstractPRK):
         """RATTLE: constrained Lobatto IIIA--IIIB with two stages, order 2."""
         return cls(tb.lobatto_iiia_iiib(2), **kwargs)
 
-    @staticmethod
-    def shake(**kwargs):
-        """SHAKE (seed 002 eq. (10); spec 000 §4.3): RATTLE without the projection of the
-        momentum onto the hidden constraint.
-
-        SHAKE is a two-step scheme in ``q`` whose momentum lags one step, so it is not a
-        one-step map of ``(q, p)`` in the form of eq. (13); it is provided by the Galerkin
-        family as :meth:`vijax.GalerkinVI.shake` (``s = w = 1``, trapezoidal rules, paper
-        mode), which this returns.  Its configurations equal RATTLE's.
-        """
-        from .galerkin import GalerkinVI
-
-        return GalerkinVI.shake(**kwargs)
+    @classmethod
+    def presets(cls):
+        return [("HolonomicVPRK.rattle()", cls.rattle())] + [
+            (f"HolonomicVPRK.lobatto({s})", cls.lobatto(s)) for s in (3, 4, 5)]
 
     @property
     def name(self) -> str:
@@ -136,14 +128,16 @@ class HolonomicVPRK(AbstractPRK):
                jax.vmap(system.holonomic)(Q[1:]) / h,
                system.momentum(q1, v1) - p1,
                cons.constraint_jacobian(system, q1) @ v1)
-        return res, (q1, p1)
+        return res, p1
 
     def step(self, system, state: HolonomicState, h):
         q, p = state.q, state.p
         X0 = (state.stages, h * state.lams, state.v)
-        X, stats = self.solver.solve(lambda X: self._residual(system, q, p, h, X)[0], X0)
-        _, (q1, p1) = self._residual(system, q, p, h, X)
+        # p_{k+1} from the last residual evaluation: no evaluation after the solve.
+        X, p1, stats = self.solver.solve(lambda X: self._residual(system, q, p, h, X), X0,
+                                         has_aux=True)
         V, mus, v1 = X
+        q1 = q + h * (self._coefficients(q.dtype)[2] @ V)
         lams = mus / h
         new = HolonomicState(t=state.t + h, q=q1, p=p1, v=v1, lam=lams[-1], stages=V,
                              lams=lams)

@@ -1,10 +1,13 @@
 """Systems: the :class:`LagrangianSystem` base and a catalogue of ready-made systems."""
 
-from ._base import LagrangianSystem, MechanicalSystem, PointMassSystem
+from ._base import (CAPABILITIES, HolonomicSystem, LagrangianSystem, MechanicalSystem,
+                    PointMassSystem, capabilities)
 from .catalogue import (DoublePendulum, GeneralKepler, HarmonicOscillator, HenonHeiles, Kepler,
                         Pendulum)
-from .constrained import CartesianPendulum, DoublePendulum3D, PolarPendulum, SphericalPendulum
+from .constrained import (AbstractCartesianPendulum, CartesianPendulum, DoublePendulum3D, PolarPendulum,
+                          SphericalPendulum)
 
-__all__ = ["LagrangianSystem", "MechanicalSystem", "PointMassSystem", "HarmonicOscillator", "Pendulum",
+__all__ = ["LagrangianSystem", "MechanicalSystem", "PointMassSystem", "HolonomicSystem",
+           "CAPABILITIES", "capabilities", "AbstractCartesianPendulum", "HarmonicOscillator", "Pendulum",
            "DoublePendulum", "Kepler", "GeneralKepler", "HenonHeiles", "CartesianPendulum",
            "PolarPendulum", "SphericalPendulum", "DoublePendulum3D"]

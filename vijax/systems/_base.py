@@ -14,11 +14,12 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from .. import _linalg
+from .. import _linalg, constraints
 from ..lie import AbstractLieGroup, Rn
 from ..solvers import Newton
 
-__all__ = ["LagrangianSystem", "MechanicalSystem", "PointMassSystem"]
+__all__ = ["LagrangianSystem", "MechanicalSystem", "PointMassSystem", "HolonomicSystem",
+           "CAPABILITIES", "capabilities"]
 
 
 class LagrangianSystem(eqx.Module):
@@ -41,8 +42,9 @@ class LagrangianSystem(eqx.Module):
       instead of a Newton iteration.
     * ``ndim``: the configuration dimension, checked against initial conditions.
 
-    Optional methods, used by the constrained integrators: ``holonomic(q) -> (m,)`` and
-    ``nonholonomic(q, v) -> (m,)``.
+    Capabilities beyond the Lagrangian are declared by subclassing their base, never by
+    defining an optional method: holonomic constraints by :class:`HolonomicSystem`.  Each
+    integrator declares which of them it accepts (:meth:`vijax.AbstractIntegrator.accepts`).
     """
 
     quadratic_in_velocity: ClassVar[bool] = False
@@ -100,6 +102,36 @@ class LagrangianSystem(eqx.Module):
         v, _ = Newton(damped=True).solve(lambda v: self.momentum(q, v) - p, guess)
         return v
 
+    # -- consistent initial data (identity without constraints) -----------------------------
+    def project_configuration(self, q):
+        """The nearest consistent configuration (``q`` itself for an unconstrained system)."""
+        return q
+
+    def project_velocity(self, q, v):
+        """The nearest consistent velocity at ``q`` (``v`` itself without constraints)."""
+        return v
+
+
+class HolonomicSystem(LagrangianSystem):
+    """A system with holonomic constraints ``g(q) = 0``: implement :meth:`holonomic`.
+
+    Combine it with the structure you declare, e.g.
+    ``class CartesianPendulum(vj.PointMassSystem, vj.HolonomicSystem)``.  The augmented
+    Lagrangian is ``L - g(q).lam`` (sign convention of :mod:`vijax.constraints`).
+    """
+
+    @abc.abstractmethod
+    def holonomic(self, q: Float[Array, " n"]) -> Float[Array, " m"]:
+        """Constraint values ``g(q)``, shape ``(m,)`` with ``m < n`` independent rows."""
+
+    def project_configuration(self, q):
+        """The point of ``g = 0`` nearest to ``q`` (:func:`vijax.constraints.project_position`)."""
+        return constraints.project_position(self, q)
+
+    def project_velocity(self, q, v):
+        """``v`` projected onto ``G(q) v = 0`` (:func:`vijax.constraints.project_velocity`)."""
+        return constraints.project_velocity(self, q, v)
+
 
 class MechanicalSystem(LagrangianSystem):
     """``L = 1/2 v^T M(q) v - V(q)``: implement :meth:`mass_matrix` and :meth:`potential`.
@@ -155,3 +187,13 @@ class PointMassSystem(MechanicalSystem):
 
     def inverse_mass_matrix(self, q):
         return jnp.eye(q.shape[-1], dtype=q.dtype) / self.m
+
+
+#: The capability bases a system may declare, in the order tables list them.  A new family
+#: adds its base here (nonholonomic constraints, forcing, ...).
+CAPABILITIES: tuple[type, ...] = (HolonomicSystem,)
+
+
+def capabilities(system) -> frozenset:
+    """The capability bases (members of :data:`CAPABILITIES`) ``system`` declares."""
+    return frozenset(c for c in CAPABILITIES if isinstance(system, c))

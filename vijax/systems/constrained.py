@@ -9,14 +9,14 @@ from typing import ClassVar
 
 import jax.numpy as jnp
 
-from ._base import MechanicalSystem, PointMassSystem
+from ._base import HolonomicSystem, MechanicalSystem, PointMassSystem
 
-__all__ = ["CartesianPendulum", "PolarPendulum", "SphericalPendulum", "DoublePendulum3D"]
+__all__ = ["AbstractCartesianPendulum", "CartesianPendulum", "PolarPendulum", "SphericalPendulum", "DoublePendulum3D"]
 
 
-class CartesianPendulum(PointMassSystem):
-    """Pendulum in Cartesian coordinates ``q in R^d`` (any ``d``): ``g = (|q|^2 - l^2) / 2``,
-    gravity along the last axis (spec 002 §4.1 (A) for ``d = 2``)."""
+class AbstractCartesianPendulum(PointMassSystem, HolonomicSystem):
+    """What the Cartesian and spherical pendulums share: a point mass on ``|q| = l`` in
+    ``R^d``, ``g = (|q|^2 - l^2) / 2``, gravity along the last axis."""
 
     l: float = 1.0  # noqa: E741
     gravity: float = 9.81
@@ -28,7 +28,12 @@ class CartesianPendulum(PointMassSystem):
         return jnp.atleast_1d(0.5 * (q @ q - self.l**2))
 
 
-class PolarPendulum(MechanicalSystem):
+class CartesianPendulum(AbstractCartesianPendulum):
+    """Pendulum in Cartesian coordinates ``q in R^d`` (any ``d``): ``g = (|q|^2 - l^2) / 2``,
+    gravity along the last axis (spec 002 §4.1 (A) for ``d = 2``)."""
+
+
+class PolarPendulum(MechanicalSystem, HolonomicSystem):
     """Planar pendulum in polar coordinates ``q = (r, theta)`` with the constraint
     ``r - l = 0`` (``theta = 0`` hangs down): a configuration-dependent mass matrix."""
 
@@ -47,7 +52,7 @@ class PolarPendulum(MechanicalSystem):
         return jnp.atleast_1d(q[0] - self.l)
 
 
-class SphericalPendulum(CartesianPendulum):
+class SphericalPendulum(AbstractCartesianPendulum):
     """Spherical pendulum: the Cartesian pendulum in ``R^3``, gravity along ``-z``.
     Invariants: energy and the angular momentum about the vertical."""
 
@@ -57,7 +62,7 @@ class SphericalPendulum(CartesianPendulum):
         return q[0] * p[1] - q[1] * p[0]
 
 
-class DoublePendulum3D(MechanicalSystem):
+class DoublePendulum3D(MechanicalSystem, HolonomicSystem):
     """Three-dimensional double pendulum of spec 002 eq. (69), ``q = (x1, x2) in R^6``.
 
     Invariants: energy and the angular momentum about the vertical, eq. (71).
