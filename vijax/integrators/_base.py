@@ -1,4 +1,4 @@
-"""The integrator contract: stateless modules with ``init``/``step`` (DESIGN.md, principle 4)."""
+"""The integrator contract: stateless modules with ``init``/``step``; all state is a pytree."""
 
 from __future__ import annotations
 
