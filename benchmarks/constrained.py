@@ -1,4 +1,5 @@
-"""Constrained benchmarks: GalerkinVI (spec 002) and constrained VPRK on holonomic systems.
+"""Constrained benchmarks: GalerkinVI (Wenger, Ober-Blöbaum & Leyendecker 2017) and constrained
+VPRK on holonomic systems.
 
     python benchmarks/constrained.py               # full run (~10 min on 2 idle CPU cores)
     python benchmarks/constrained.py --quick       # smoke test (~70 s), *_quick files
@@ -6,13 +7,13 @@
     python benchmarks/constrained.py --summary-only   # re-print summary / re-plot from JSON
 
 Parts (see benchmarks/README.md, "Constrained benchmarks"):
-  a1  accuracy vs run time across s, planar Cartesian pendulum (spec 002 §4.6, Figs. 4-5,
-      claims 24-25): GalerkinVI.gauss(s), s = 1..6, step h = T_p / n so that the period is a
+  a1  accuracy vs run time across s, planar Cartesian pendulum (Wenger et al. (2017), §4.3,
+      Figs. 4-5): GalerkinVI.gauss(s), s = 1..6, step h = T_p / n so that the period is a
       whole number of steps; error = max over whole periods of |q(j T_p) - q0|.
-  a2  the same on the 3-D double pendulum (spec 002 eq. (69)) against a DOP853 rtol 1e-13
+  a2  the same on the 3-D double pendulum (their §4, eq. (69)) against a DOP853 rtol 1e-13
       reference on the index-1 (multiplier-reduced) ODE, cross-checked by a fine Gauss-6 run.
       Both a1 and a2 add HolonomicVPRK.lobatto(s), s = 2..5, and GalerkinVI.lobatto(s),
-      s = 2, 5 (Gauss vs Lobatto quadrature, claim 25).
+      s = 2, 5 (Gauss vs Lobatto quadrature, their Fig. 5).
   b   long-time (T = 1000) energy and constraint errors at equal wall time: RATTLE and
       GalerkinVI.gauss(s), s = 2..4, on the Cartesian pendulum, against diffrax Dopri8/Tsit5
       (adaptive) and Dopri8 (fixed step) on the minimal-coordinate pendulum and on the
@@ -97,7 +98,7 @@ FULL = dict(
             "vprk_lob4": [4, 8, 16, 32, 64, 128],
             "vprk_lob5": [4, 8, 16, 32, 64],
         },
-        targets=[1e-6, 1e-8, 1e-10, 1e-12],          # spec measure (whole periods)
+        targets=[1e-6, 1e-8, 1e-10, 1e-12],          # paper's measure (whole periods)
         targets_quarter=[1e-4, 1e-6, 1e-8, 1e-10],   # quarter-period measure
         floor=1e-13,   # errors below this are round-off: ties in the monotonicity check
     ),
@@ -287,8 +288,9 @@ def _small_solve(a, b):
 
 def index_reduced_rhs(system):
     """``(q, v)' = (v, a)`` of the index-1 ODE ``M a = f - G^T lam(q, v)``, ``lam`` from
-    spec 002 eq. (70) (the same autodiff expressions as ``vijax.constraints.multiplier``,
-    with a closed-form small solve).  No projection: ``g(q)`` and ``G v`` drift."""
+    eq. (70) of Wenger et al. (2017) (the same autodiff expressions as
+    ``vijax.constraints.multiplier``, with a closed-form small solve).  No projection: ``g(q)``
+    and ``G v`` drift."""
 
     def rhs(q, v):
         G = vj.constraints.constraint_jacobian(system, q)
@@ -440,8 +442,8 @@ def sweep(problem, system, key, ns, q0, v0, *, dt_of, save_every_of, err_of, rep
 
 def analyse_wp(res, targets, floor, s_keys=tuple(f"gauss{s}" for s in range(1, 7)),
                err_key="error"):
-    """Claim 24 (time at target errors, monotonic error at fixed time), claim 25 (Gauss vs
-    Lobatto quadrature at equal h), per-step cost vs s."""
+    """Fig. 4 of Wenger et al. (2017) (time at target errors, monotonic error at fixed time),
+    their Fig. 5 (Gauss vs Lobatto quadrature at equal h), per-step cost vs s."""
     methods = res["methods"]
 
     def good(key):
@@ -505,7 +507,7 @@ def analyse_wp(res, targets, floor, s_keys=tuple(f"gauss{s}" for s in range(1, 7
     out["monotone_at_all_fixed_times"] = mono_all if n_compared else None
     out["fixed_time_comparisons"] = n_compared
     out["fixed_time_floor"] = floor
-    # Gauss vs Lobatto quadrature at the same h (claim 25); times from the interleaved
+    # Gauss vs Lobatto quadrature at the same h (Fig. 5); times from the interleaved
     # pair timing when present (robust to background load), else from the sweeps
     for s in (2, 5):
         g, lo_ = f"gauss{s}", f"glob{s}"
@@ -560,7 +562,7 @@ def analyse_wp(res, targets, floor, s_keys=tuple(f"gauss{s}" for s in range(1, 7
 
 
 def pair_timing(problem, res, system, q0, v0, *, dt_of, save_every_of, repeats):
-    """Claim 25: Gauss (r = s) and Lobatto (r = s + 1) quadrature at the same h, timed
+    """Fig. 5: Gauss (r = s) and Lobatto (r = s + 1) quadrature at the same h, timed
     alternately (G, L, G, L, ...) with the compiled runners of the sweeps, so that
     background load falls on both alike."""
     out = {}
@@ -590,7 +592,7 @@ def pair_timing(problem, res, system, q0, v0, *, dt_of, save_every_of, repeats):
                        cpu_gauss=float(np.median(cpu["g"])),
                        cpu_lobatto=float(np.median(cpu["l"])), repeats=repeats)
             rows.append(row)
-            log(f"  claim 25, s={s}, h={dt:<9.3g} interleaved: Gauss {row['time_gauss'] * 1e3:8.2f}"
+            log(f"  Fig. 5, s={s}, h={dt:<9.3g} interleaved: Gauss {row['time_gauss'] * 1e3:8.2f}"
                 f" ms, Lobatto {row['time_lobatto'] * 1e3:8.2f} ms (L/G = "
                 f"{row['time_lobatto'] / row['time_gauss']:.3f}, cpu "
                 f"{row['cpu_lobatto'] / row['cpu_gauss']:.3f})")
@@ -615,8 +617,8 @@ def part_a1(cfg):
         f"{th} rad, period T_p = {Tp:.15g}; {P_} periods; error = max_j |q(j T_p) - q0| "
         f"(quarter: max over t = j T_p / 4 of |q - q_exact|)")
     res = dict(problem="planar Cartesian pendulum", theta_max=th, period=Tp, n_periods=P_,
-               error="spec 002 §4.6 reconstruction: max over j = 1..n_periods of the "
-               "max-norm of q(j T_p) - q0 (a turning point: the phase error enters "
+               error="our reading of Wenger et al. (2017), §4.3: max over j = 1..n_periods of "
+               "the max-norm of q(j T_p) - q0 (a turning point: the phase error enters "
                "quadratically, so this measure shows order ~4s, not 2s)",
                error_quarter="max over t = j T_p / 4, j = 1..4 n_periods, of the max-norm of "
                "q - q_exact (q_exact = q0, (0, -l) at the bottom, (-sin, -cos)(theta_max) at "
@@ -661,7 +663,7 @@ def part_a2(cfg):
     v0 = vj.constraints.project_velocity(system, q0, v0)
     T, ns_ = cfg["T"], cfg["n_saves"]
     ts = np.linspace(0.0, T, ns_ + 1)
-    log(f"\n[a2] 3-D double pendulum (spec 002 §4.1 (B)), T = {T}, error = max over t in "
+    log(f"\n[a2] 3-D double pendulum (our initial data), T = {T}, error = max over t in "
         f"{ts[1:].tolist()} of the max-norm q error")
     # reference: DOP853 on the index-1 ODE
     f = jax.jit(index_reduced_rhs(system))
@@ -709,7 +711,7 @@ def part_a2(cfg):
     return res
 
 
-A1_PANELS = [("error", "max_j |q(j T_p) - q0|  (whole periods, spec 002 §4.6)"),
+A1_PANELS = [("error", "max_j |q(j T_p) - q0|  (whole periods, Wenger et al. 2017, §4.3)"),
              ("error_quarter", "max over quarter periods |q - q_exact|")]
 A2_PANELS = [("error", "max-norm q error at the save points")]
 
@@ -785,7 +787,7 @@ def part_b(cfg):
     v0 = om * jnp.asarray([math.cos(th), math.sin(th)], jnp.float64)
     E0 = float(cart.energy(q0, v0))
     log(f"\n[b] long-time energy/constraint at equal wall time: planar pendulum, theta0 = {th}"
-        f", theta_dot0 = {om} (spec 002 §4.1 defaults), T = {T:g}, {n_save} save points; "
+        f", theta_dot0 = {om} (our defaults), T = {T:g}, {n_save} save points; "
         f"E0 = {E0:.15g}")
     ir_check = check_index_reduced(cart, q0, v0)
     res = dict(problem="planar pendulum (m = l = 1, g = 9.81)", T=T, n_save=n_save,
@@ -1054,8 +1056,8 @@ def _summary_claims(r, a):
                           + (f" (~{v['speedup_extrapolated']:.3g}x extrap.)"
                              if v.get("speedup_extrapolated") else ""))
                     vs.append(f"{k}: {'MET' if v['met'] else 'MISS'} {sp}")
-            lines.append("        claim 24a (s>=3 faster than s=1): " + "; ".join(vs))
-    lines.append(f"    claim 24b (error at fixed run time falls monotonically with s, errors "
+            lines.append("        Fig. 4, s>=3 faster than s=1: " + "; ".join(vs))
+    lines.append(f"    Fig. 4, error at fixed run time falls monotonically with s (errors "
                  f"<= {a['fixed_time_floor']:.0e} count as equal): "
                  f"{ {True: 'MET', False: 'MISS', None: 'n/a (no overlap of run times)'}[a['monotone_at_all_fixed_times']]}")
     for t, v in a["fixed_time"].items():
@@ -1065,7 +1067,7 @@ def _summary_claims(r, a):
                      + ("ok" if v["monotone"] else "VIOLATED: " + "; ".join(v["violations"])))
     for s, v in a["gauss_vs_lobatto"].items():
         mx = v["max_abs_log10_err_ratio_above_floor"]
-        lines.append(f"    claim 25 ({s}, Lobatto r=s+1 vs Gauss r=s at equal h): max "
+        lines.append(f"    Fig. 5 ({s}, Lobatto r=s+1 vs Gauss r=s at equal h): max "
                      f"|log10(err_L/err_G)| = {fmt(mx, '.2g') if mx is not None else 'n/a'} "
                      f"(same accuracy: {'MET' if mx is not None and mx < 0.05 else 'CHECK'}); "
                      f"median time ratio L/G = {v['median_time_ratio']:.3f} (cpu "

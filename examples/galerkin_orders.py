@@ -1,10 +1,13 @@
-"""Measured orders of the constrained Galerkin VIs next to seed 002 Tables 1-2.
+"""Measured orders of the constrained Galerkin VIs next to Tables 1-2 of Wenger,
+Ober-Blöbaum & Leyendecker (2017).
 
 For every gray-shaded cell with s <= 4, runs the paper-mode integrator on the Cartesian
-pendulum (spec 002 §4.1 defaults, T = 1) and on the same pendulum with a nonlinear spring
-(pitfall 6), and prints ord(q) / ord(p) / ord(lam) raw, and ord(P p) / ord(lam (70)) after
-post-processing.  The harness (references, error norms, step sizes) is the test suite's
-(tests/test_galerkin.py), so the table is exactly what the tests assert.
+pendulum (our defaults m = l = 1, theta0 = 1, thetadot0 = 0.5, T = 1; the paper gives none)
+and on the same pendulum with a nonlinear spring (under uniform gravity several schemes give
+identical trajectories; the spring tells them apart), and prints ord(q) / ord(p) / ord(lam)
+raw, and ord(P p) / ord(lam (70)) after post-processing.  The harness (references, error
+norms, step sizes) is the test suite's (tests/test_galerkin.py), so the table is exactly what
+the tests assert.
 
     python examples/galerkin_orders.py            # writes out/galerkin_orders.md
 """

@@ -1,23 +1,27 @@
-"""Continuous-time DG variational integrators of spec 004 (seed 004): structural claims.
+"""Continuous-time DG variational integrators of Muehlebach, Heimsch & Glocker (2016):
+structural properties (equation and section numbers are the paper's).
 
-Spec 004 §9 claims checked here (the paper-number regressions and the convergence orders
-live in ``tests/papers/test_spec004.py``):
+Checked here (the paper-number regressions and the convergence orders live in
+``tests/papers/test_muehlebach2016.py``):
 
-1. parametrisation invariance (Lagrange / Legendre / monomial bases), eq. (22);
-2. node-update identities with the scheme's own quadrature;
-3. symplecticity (``Jᵀ𝕁J = 𝕁`` by AD, <= 1e-10) with exact, Gauss and mixed rectangle rules;
-4. energy-like balance (24): exact with exact integration, ~4e-3 with 2-point Gauss on the
-   pendulum, exact for a quadratic ``H`` with ``s``-point Gauss;
-6. the §6.2 reduction (stage formulas and jumps) for linear ansatz + 2-point Gauss, ``h = 1``;
-7. the §6.3 PRK tableau for ``s = 1..5`` and equality of the PRK and Galerkin steps;
-8. ``s = 1`` is symplectic Euler;
-and the 6.1 step equals an independent implementation of the paper's literal eqs. (53)-(55);
-11, 13, 14, 15, 17. constrained: node gap, balance (40), symplecticity on the manifold,
-    gauge invariance, Newton iteration counts; and invariance under rescaling ``g``.
+* parametrisation invariance (Lagrange / Legendre / monomial bases), eq. (22);
+* node-update identities with the scheme's own quadrature (our corollary of (19)-(20));
+* symplecticity (``Jᵀ𝕁J = 𝕁`` by AD, <= 1e-10) with exact, Gauss and mixed rectangle rules;
+* energy-like balance (24): exact with exact integration, ~4e-3 with 2-point Gauss on the
+  pendulum, exact for a quadratic ``H`` with ``s``-point Gauss;
+* the Sect. 5 reduction (stage formulas and jumps, eqs. (45)-(48)) for linear ansatz +
+  2-point Gauss, ``h = 1``;
+* our closed-form PRK tableau for ``s = 1..5`` and equality of the PRK and Galerkin steps;
+* ``s = 1`` is symplectic Euler;
+* the 6.1 step equals an independent implementation of the paper's literal eqs. (53)-(55);
+* constrained (§4): node gap (§4.2.1), balance (40), symplecticity on the manifold (§4.2.3),
+  gauge invariance of the normal part of ``p_z``, Newton iteration counts (§6.3: < 15); and
+  invariance under rescaling ``g``.
 
-Plus dense output conventions (P1), gradients against central differences, and error
-messages.  References are analytic formulas or independent numpy/scipy computations.
-Claim 5 (time-dependent ``H``) is not testable: vijax systems are autonomous.
+Plus dense output conventions (``q̃`` left-, ``p̃`` right-continuous), gradients against
+central differences, and error messages.  References are analytic formulas or independent
+numpy/scipy computations.  The balance (23) for time-dependent ``H`` is not testable: vijax
+systems are autonomous.
 """
 
 import warnings
@@ -105,7 +109,7 @@ def state_at(sol, k):
 
 
 # Shared runs: every distinct (system class, integrator, n_steps) costs one compilation
-# (~2 s), so the claims below share a few runs.
+# (~2 s), so the tests below share a few runs.
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +126,8 @@ def dpend_runs():
 
 @pytest.fixture(scope="module")
 def cart_run():
-    """Seed 004 §6.3: Cartesian pendulum, s = 3 (default Gauss(6)), T = 0.3 s, 15 s."""
+    """Muehlebach et al. (2016), §6.3: Cartesian pendulum, s = 3 (default Gauss(6)), T = 0.3 s,
+    15 s."""
     return run(CART, DGVI(3), CQ0, CP0, 0.3, 50)
 
 
@@ -183,7 +188,7 @@ def test_errors_name_the_fix():
 
 
 # ---------------------------------------------------------------------------------------------
-# Claim 1: parametrisation invariance
+# Parametrisation invariance, eq. (22)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -200,7 +205,7 @@ def test_parametrisation_invariance(pend_exact, basis):
 
 
 # ---------------------------------------------------------------------------------------------
-# Claim 2: node-update identities
+# Node-update identities
 # ---------------------------------------------------------------------------------------------
 
 
@@ -244,7 +249,7 @@ def test_node_update_identities_mixed_rule():
 
 
 # ---------------------------------------------------------------------------------------------
-# Claim 3: symplecticity
+# Symplecticity (§3.2)
 # ---------------------------------------------------------------------------------------------
 
 RECT_LEFT = Quadrature.rectangle("left", n=300)
@@ -277,7 +282,7 @@ def test_symplectic(system, integ, h):
 
 
 # ---------------------------------------------------------------------------------------------
-# Claim 4: energy-like balance (24)
+# Energy-like balance (24)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -301,8 +306,9 @@ def test_balance_exact_integration(pend_exact):
     rhs = float(d0.p[0, 0]) * (q0p - qi) + H(q0p, p0p)
     assert abs(lhs - rhs) <= 1e-12
     assert abs((lhs - rhs) - float(sol.states.balance[i + 1])) <= 1e-13
-    assert abs(lhs - 9.81) < 0.01  # E_i is close to, but not equal to, the exact energy (P3)
-    # claim 18 (15 s, exact integrals): nodal energy within 1.2e-3 of 9.81 J, no drift
+    assert abs(lhs - 9.81) < 0.01  # E_i is close to, but not equal to, the exact energy: (24)
+    # is a per-step identity, not a conserved quantity
+    # §6.1, Fig. 5 (15 s, exact integrals): nodal energy within 1.2e-3 of 9.81 J, no drift
     # (measured 9.80898..9.81107)
     e = np.asarray(sol.p[:, 0]) ** 2 / (2 * M * L * L) - M * G * L * np.cos(np.asarray(sol.q[:, 0]))
     assert np.max(np.abs(e - 9.81)) < 1.2e-3 and e.min() < 9.81 < e.max()
@@ -311,7 +317,7 @@ def test_balance_exact_integration(pend_exact):
 def test_balance_not_exact_with_gauss2():
     sol = run(PEND, DGVI(2, 2), Q0, P0, 0.3, 50)
     worst = np.max(np.abs(sol.states.balance))
-    assert 1e-3 < worst < 1e-2  # spec: 3.9e-3
+    assert 1e-3 < worst < 1e-2  # an independent reproduction: 3.9e-3
 
 
 def test_balance_exact_for_quadratic_hamiltonian():
@@ -321,12 +327,12 @@ def test_balance_exact_for_quadratic_hamiltonian():
 
 
 # ---------------------------------------------------------------------------------------------
-# Claims 6-8: partitioned Runge-Kutta form
+# Partitioned Runge-Kutta form (Sect. 5)
 # ---------------------------------------------------------------------------------------------
 
 
 def test_linear_gauss2_reduction():
-    """Spec 004 §6.1: linear ansatz, 2-point Gauss, h = 1; F = ∂H/∂p, G = -∂H/∂q at the
+    """Sect. 5, eqs. (45)-(48): linear ansatz, 2-point Gauss, h = 1; F = ∂H/∂p, G = -∂H/∂q at the
     stages; H = p²/2 - cos q (m = l = g = 1).  (50 steps: the run shares its compilation with
     test_balance_not_exact_with_gauss2; only the first step is used.)"""
     system = vj.systems.Pendulum(m=1.0, l=1.0, g=1.0)
@@ -348,7 +354,8 @@ def test_linear_gauss2_reduction():
 
 
 def independent_tableau(s):
-    """§6.3 closed form from numpy's Gauss rule and exactly integrated Lagrange polynomials."""
+    """Our closed form (see ``dg_prk_tableau_formula``) from numpy's Gauss rule and exactly
+    integrated Lagrange polynomials."""
     c, b = gauss01(s)
     polys = lagrange_polys(c)
     a_gauss = np.array([[lj.integ()(ci) - lj.integ()(0.0) for lj in polys] for ci in c])
@@ -413,7 +420,7 @@ def test_s1_is_symplectic_euler(quad):
 
 
 def literal_step(q0, p0, T, s, nq=40):
-    """Seed 004 eqs. (53)-(55) as printed (monomials τ = (1, t, .., t^{s-1}) in local time,
+    """Eqs. (53)-(55) as printed (monomials τ = (1, t, .., t^{s-1}) in local time,
     exact integrals by nq-point Gauss), solved by scipy's fsolve."""
     x, w = np.polynomial.legendre.leggauss(nq)
     t, w = 0.5 * T * (x + 1), 0.5 * T * w
@@ -452,7 +459,7 @@ def test_matches_literal_paper_equations(pend_exact):
 
 
 # ---------------------------------------------------------------------------------------------
-# Dense output conventions (P1)
+# Dense output conventions (q̃ left-, p̃ and p̃_g right-continuous, §2.4)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -488,7 +495,7 @@ def test_dense_output_conventions(pend_exact, pend_cg):
 
 
 # ---------------------------------------------------------------------------------------------
-# Constrained scheme (claims 11, 13, 14, 15, 17)
+# Constrained scheme (§4, §6.3)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -497,16 +504,16 @@ def test_constrained_gap_balance_newton(cart_run):
     assert isinstance(st, ConstrainedDGState) and st.Pg.shape == (51, 3, 1)
     # the physical momentum is tangential: W(q)ᵀ M⁻¹ p = 0
     assert np.max(np.abs(np.sum(cart_run.q * cart_run.p, axis=1))) < 1e-12
-    assert np.max(np.abs(st.gap)) <= 1e-12                      # claim 11
+    assert np.max(np.abs(st.gap)) <= 1e-12                      # §4.2.1
     assert np.max(np.abs(0.5 * (np.sum(np.asarray(cart_run.q) ** 2, 1) - L * L))) <= 1e-12
-    assert np.max(np.abs(st.balance)) <= 1e-11                  # claim 13, eq. (40)
-    assert int(np.max(cart_run.stats.iterations)) < 15          # claim 17
+    assert np.max(np.abs(st.balance)) <= 1e-11                  # eq. (40)
+    assert int(np.max(cart_run.stats.iterations)) < 15          # §6.3
 
 
 @pytest.mark.slow
 def test_constrained_gap_any_pg_basis_and_quadrature():
     """The integrated-by-parts constraint term keeps g(q_i) = 0 for a linear p̃_g (m_g = 2) and a
-    low-order rectangle rule (spec P8: with the term as printed, the rule would have to
+    low-order rectangle rule (with the term as in (34), the rule would have to
     integrate ∫ p̃_gᵀ ġ̃ exactly).  (m_g = 1, a constant p̃_g, puts no constraint force inside
     the intervals: the Newton iteration fails at T = 0.3 s.)"""
     sol = run(CART, DGVI(3, Quadrature.rectangle("mid", n=40), m_g=2), CQ0, CP0, 0.3, 50)
@@ -515,7 +522,7 @@ def test_constrained_gap_any_pg_basis_and_quadrature():
 
 
 def test_constrained_symplectic_on_manifold(cart_run):
-    """Claim 14: in the coordinates (φ, p_φ = p_zᵀ ∂q/∂φ) the step has det J = 1."""
+    """§4.2.3, eq. (44): in the coordinates (φ, p_φ = p_zᵀ ∂q/∂φ) the step has det J = 1."""
     integ = DGVI(3)
     state = state_at(cart_run, 5)
     h = jnp.asarray(0.3)
@@ -536,7 +543,7 @@ def test_constrained_symplectic_on_manifold(cart_run):
 
 
 def test_gauge_invariance(cart_run):
-    """Claim 15: adding α W(q_0) to p_0 changes nothing but the gauge (normal) part of p_z."""
+    """Adding α W(q_0) to p_0 changes nothing but the gauge (normal) part of p_z."""
     W0 = CQ0  # W = ∂g/∂q = q for g = (|q|² - l²)/2
     b = run(CART, DGVI(3), CQ0, CP0 + 5.0 * W0, 0.3, 50)  # same compilation as cart_run
     np.testing.assert_allclose(b.q, cart_run.q, atol=1e-12)

@@ -1,11 +1,14 @@
-"""Constrained Galerkin variational integrators (seed 002; spec 002).
+"""Constrained Galerkin variational integrators (Wenger, Ober-Blöbaum & Leyendecker (2017);
+equation, table, figure and theorem numbers below are theirs).
 
-Problems (spec 002 §4.1 and pitfall 6): the planar pendulum in Cartesian coordinates
-(m = l = 1, gravity 9.81, theta0 = 1, thetadot0 = 0.5, T = 1) and the same pendulum with a
-nonlinear spring ½k|q - c|², k = 5, c = (0.3, 0.2), on which schemes that coincide under uniform
-gravity differ.  References: DOP853 at rtol 1e-13 on the angle ODE; p_ref = m v_ref and
+Problems: the planar pendulum in Cartesian coordinates of the paper's §4 (our data, the paper
+gives none: m = l = 1, gravity 9.81, theta0 = 1, thetadot0 = 0.5, T = 1) and the same pendulum
+with a nonlinear spring ½k|q - c|², k = 5, c = (0.3, 0.2), on which schemes that coincide under
+uniform gravity differ (there the Lagrangian integrand is a polynomial that every admissible
+rule integrates exactly).  References: DOP853 at rtol 1e-13 on the angle ODE; p_ref = m v_ref and
 lam_ref from eq. (70) at the reference state.  Errors: max over the nodes of the Euclidean norm;
-raw p and lam over k = 1..N-1 (spec 002 §8, pitfall 3), post-processed ones over k = 1..N.
+raw p and lam over k = 1..N-1 (the first node multiplier lam_0^0 comes from a one-sided equation
+and converges at a lower rate), post-processed ones over k = 1..N.
 """
 
 import warnings
@@ -27,8 +30,8 @@ THETA0, OMEGA0 = 1.0, 0.5
 
 
 class SpringPendulum(vj.MechanicalSystem, vj.HolonomicSystem):
-    """Cartesian pendulum of length l (spec 002 eq. (69) A) plus a spring ½k|q - c|²
-    (pitfall 6); l and k are differentiable parameters."""
+    """Cartesian pendulum of length l (Lagrangian (69), planar case) plus a spring ½k|q - c|²
+    (a nonlinear potential); l and k are differentiable parameters."""
 
     k: float = 0.0
     l: float = 1.0
@@ -51,7 +54,7 @@ def initial():
 
 
 def dp_initial():
-    """Spec 002 §4.1 (B) initial data with the velocity projected onto G v = 0."""
+    """Our double-pendulum initial data with the velocity projected onto G v = 0."""
     q0, v0 = DoublePendulum3D.initial_conditions()
     return q0, cons.project_velocity(DoublePendulum3D(), q0, v0)
 
@@ -127,7 +130,7 @@ def errors_for(integ, k, hs):
 
 
 # --------------------------------------------------------------------------------------------
-# Seed 002 Tables 1-2: (s, ordL) -> {w: "q/p/lam"} for the gray-shaded cells with s <= 4.
+# Tables 1-2 of the paper: (s, ordL) -> {w: "q/p/lam"} for the gray-shaded cells with s <= 4.
 # --------------------------------------------------------------------------------------------
 TABLE1 = {  # L by Gauss (r = ordL / 2), g by Lobatto (ordZ = 2w)
     **{(1, o): {1: "2/2/2"} for o in (2, 4, 6, 8, 10, 12)},
@@ -168,7 +171,7 @@ def _step_sizes(q_order):
 
 @pytest.mark.parametrize("quad, s, w, ordL, entry", _cells())
 def test_table_orders(quad, s, w, ordL, entry):
-    """Every gray-shaded (s <= 4) cell of seed 002 Tables 1-2: raw q/p/lam orders (paper mode),
+    """Every gray-shaded (s <= 4) cell of Tables 1-2: raw q/p/lam orders (paper mode),
     and p, lam post-processed (projection (4), eq. (70)) at the order of q; on the paper's
     pendulum (uniform gravity) and with the nonlinear spring."""
     want = entry.split("/")
@@ -199,7 +202,7 @@ def test_table_orders(quad, s, w, ordL, entry):
 
 
 def test_regression_anchor_and_defaults():
-    """Spec 002 §7 anchors at h = 0.05 for (2,2,4,G): e_q = 2.71e-6, raw e_p = 2.73e-5,
+    """Regression anchors at h = 0.05 for (2,2,4,G): e_q = 2.71e-6, raw e_p = 2.73e-5,
     raw e_lam = 4.67e-2, e_lam70 = 5.83e-5 (independent NumPy prototype), within 10 %."""
     e = errors_for(vj.GalerkinVI(2, 2, mode="paper"), 0.0, (0.05,))[0]
     np.testing.assert_allclose(e[[0, 3, 4, 2]], [2.71e-6, 2.73e-5, 4.67e-2, 5.83e-5], rtol=0.1)
@@ -214,8 +217,8 @@ def _run(integ, system, q0, v0, h, n):
 
 def test_rattle_shake_and_lobatto_iiia_iiib_agree_with_constrained_vprk(k=5.0):
     """s = w = 1 trapezoidal is RATTLE (projected) and SHAKE (paper mode, same q); w = s - 1
-    with Lobatto r = s is constrained Lobatto IIIA-IIIB (seed 002 §3.5), here compared with
-    the independent implementation of seed 000 eq. (13)."""
+    with Lobatto r = s is constrained Lobatto IIIA-IIIB (§3.5), here compared with the
+    independent implementation of eq. (13) of Martín de Diego & Sato Martín de Almagro (2022)."""
     system = SpringPendulum(k=k)
     q0, v0 = initial()
     ref = _run(vj.HolonomicVPRK.rattle(), system, q0, v0, 0.05, 40)
@@ -235,8 +238,8 @@ def test_rattle_shake_and_lobatto_iiia_iiib_agree_with_constrained_vprk(k=5.0):
 
 
 def test_control_points_and_modes_do_not_change_the_solution():
-    """Spec 002 §8 claims 8-9: equidistant vs Lobatto control points, and projected vs paper
-    mode, give the same q_k and P p_k (the spring makes the check non-trivial)."""
+    """Equidistant vs Lobatto control points, and projected vs paper mode, give the same q_k
+    and P p_k (our observation; the spring makes the check non-trivial)."""
     system = SpringPendulum(k=5.0)
     q0, v0 = initial()
     base = _run(vj.GalerkinVI(3, 3), system, q0, v0, 0.1, 20)
@@ -249,7 +252,8 @@ def test_control_points_and_modes_do_not_change_the_solution():
         sol = _run(other, system, q0, v0, 0.1, 20)
         np.testing.assert_allclose(sol.q, base.q, atol=1e-12)
         np.testing.assert_allclose(sol.p, base.p, atol=1e-12)
-    # The spring breaks the degeneracies of uniform gravity (pitfall 6): (2,2,4,G) and
+    # The spring breaks the degeneracies of uniform gravity (exactly integrated polynomial
+    # Lagrangian integrand): (2,2,4,G) and
     # (3,2,4,L) coincide under gravity but not with the spring.
     a = [_run(vj.GalerkinVI(2, 2), SpringPendulum(k=k), q0, v0, 0.1, 10).q for k in (0.0, 5.0)]
     b = [_run(vj.GalerkinVI(3, 2, quadrature="lobatto", ordL=4), SpringPendulum(k=k), q0, v0,
@@ -259,8 +263,9 @@ def test_control_points_and_modes_do_not_change_the_solution():
 
 
 def test_gauss_constraint_quadrature_is_not_stiffly_accurate():
-    """Spec 002 §8 claim 6: with Gauss nodes for g (w = s + 1) the nodes leave g = 0."""
-    with pytest.warns(UserWarning, match="condition 3"):
+    """§3.3: with Gauss nodes for g (w = s + 1) the scheme is not stiffly accurate and the
+    nodes leave g = 0."""
+    with pytest.warns(UserWarning, match="not stiffly accurate"):
         integ = vj.GalerkinVI(2, 3, constraint_quadrature="gauss", mode="paper")
     e = errors_for(integ, 0.0, (0.1,))[0]
     assert e[7] == 0.0
@@ -285,15 +290,15 @@ def test_unconstrained_galerkin_order():
 # Theorem 1 and bad input
 # --------------------------------------------------------------------------------------------
 def test_theorem1_violations_are_refused():
-    with pytest.raises(ValueError, match="condition 2"):
+    with pytest.raises(ValueError, match="w <= s is required with Lobatto"):
         vj.GalerkinVI(2, 3)
-    with pytest.raises(ValueError, match="Assumption 1"):
+    with pytest.raises(ValueError, match="fewer than the degree"):
         vj.GalerkinVI(3, 3, quadrature="gauss", ordL=4)
-    with pytest.raises(ValueError, match="Assumption 1"):
+    with pytest.raises(ValueError, match="fewer than the degree"):
         vj.GalerkinVI(3, 3, quadrature="lobatto", ordL=2)
-    with pytest.raises(ValueError, match="condition 1"):
+    with pytest.raises(ValueError, match="multiplier control points must be"):
         vj.GalerkinVI(2, 2, ordZ=6)
-    with pytest.raises(ValueError, match="condition 2"), warnings.catch_warnings():
+    with pytest.raises(ValueError, match=r"w <= s \+ 1 is required"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         vj.GalerkinVI(1, 3, constraint_quadrature="gauss")
     with pytest.warns(UserWarning, match="order reduction"):
@@ -356,7 +361,7 @@ def test_bad_initial_data_names_the_fix():
                                    vj.GalerkinVI.rattle(), vj.GalerkinVI(2, 2, mode="paper")],
                          ids=["G22", "L32", "rattle", "G22-paper"])
 def test_double_pendulum_angular_momentum(integ):
-    """Spec 002 §8 claim 18: I_z (eq. (71)) of the 3-D double pendulum to round-off over 10³
+    """§3.4.2 and Fig. 3: I_z (eq. (71)) of the 3-D double pendulum to round-off over 10³
     steps, with projected and with raw momenta; constraints at every node."""
     system = DoublePendulum3D()
     q0, v0 = dp_initial()
@@ -388,7 +393,7 @@ def test_energy_bounded_over_1e5_steps():
 
 
 def test_fig2_higher_order_with_larger_step_has_smaller_energy_error():
-    """Seed 002 Fig. 2 (spec claim 20): A = (5,4,10,G) at h = 0.1 beats B = (5,3,8,L) at
+    """Fig. 2 (§4.2): A = (5,4,10,G) at h = 0.1 beats B = (5,3,8,L) at
     h = 0.01 over T = 50; neither drifts."""
     system = SpringPendulum()
     q0, v0 = initial()
@@ -419,7 +424,7 @@ def _flow(integ, system, h):
                                    vj.HolonomicVPRK.rattle(), vj.HolonomicVPRK.lobatto(4)],
                          ids=["G22", "G33", "L32", "HVPRK-rattle", "HVPRK-lobatto4"])
 def test_projected_map_is_time_reversible(integ):
-    """Spec 002 claim 21: Phi_{-h}(Phi_h(q0, p0)) = (q0, p0) on the double pendulum."""
+    """Theorem 2 and Lemma 1: Phi_{-h}(Phi_h(q0, p0)) = (q0, p0) on the double pendulum."""
     system = DoublePendulum3D()
     q0, v0 = dp_initial()
     p0 = system.momentum(q0, v0)
@@ -431,7 +436,7 @@ def test_projected_map_is_time_reversible(integ):
 
 
 def test_paper_mode_is_reversible_on_configurations_only():
-    """Seed 002 Theorem 2 / claim 21: SHAKE-like raw momenta differ from the projected ones
+    """Theorem 2: SHAKE-like raw momenta differ from the projected ones
     along G^T, but the backward step from (q1, raw p1) still returns q0."""
     system = DoublePendulum3D()
     q0, v0 = dp_initial()
@@ -448,7 +453,7 @@ def test_paper_mode_is_reversible_on_configurations_only():
 
 def _manifold_symplecticity_defect(system, integ, q, p, h):
     """max |B^T (J^T Omega J - Omega) B| with B an orthonormal basis of the tangent space of
-    T^*C = {g = 0, G H_p = 0} at (q, p) (spec 002 claim 22)."""
+    T^*C = {g = 0, G H_p = 0} at (q, p) (symplecticity, §3.4.1)."""
     n = q.shape[0]
 
     def flow(z):

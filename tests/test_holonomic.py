@@ -1,8 +1,10 @@
-"""Constrained VPRK (seed 000, eq. (13)) and the consistent-initial-data helpers.
+"""Constrained VPRK (Martín de Diego & Sato Martín de Almagro (2022), eq. (13)) and the
+consistent-initial-data helpers.
 
-Reference: the Cartesian pendulum of spec 000 §8.2 (L = |v|²/2 - y, g = (|q|² - 1)/2,
+Reference: the Cartesian pendulum (L = |v|²/2 - y, g = (|q|² - 1)/2,
 theta0 = 1 at rest) solved in its angle by DOP853, and the same pendulum with a nonlinear spring
-(spec 002 pitfall 6: a nonlinear potential, so schemes that coincide on uniform gravity differ).
+(a nonlinear potential: under uniform gravity the Lagrangian integrand is a polynomial, so
+schemes that differ only in its quadrature coincide; the spring tells them apart).
 """
 
 import jax
@@ -135,12 +137,13 @@ def test_method_and_system_mismatch_names_the_right_methods():
 
 
 def test_gauss_is_refused_for_constraints():
-    with pytest.raises(ValueError, match="H1"):
+    with pytest.raises(ValueError, match="a_1j = 0"):
         vj.HolonomicVPRK(vj.tableaus.gauss(2))
 
 
 def test_multiplier_matches_the_pendulum_closed_form():
-    """spec 002 §4.1 (A): lambda = (|p|²/m - g m y) / l² (here m = l = g = 1)."""
+    """Eq. (70) of Wenger, Ober-Blöbaum & Leyendecker (2017) for their planar pendulum (§4):
+    lambda = (|p|²/m - g m y) / l² (here m = l = g = 1)."""
     system = CartesianPendulum()
     th, om = 0.7, 1.3
     q = jnp.array([np.sin(th), -np.cos(th)])
@@ -173,8 +176,9 @@ def test_gradient_through_rattle_matches_central_differences():
 
 
 def test_3d_double_pendulum_invariants_and_constraints_every_step():
-    """spec 002 §4.5 / eq. (71): angular momentum about the vertical conserved to round-off;
-    constraints at every step; energy bounded (no drift between the two halves of the run)."""
+    """Wenger et al. (2017), §4.2 and eq. (71): angular momentum about the vertical conserved
+    to round-off; constraints at every step; energy bounded (no drift between the two halves
+    of the run)."""
     system = vj.systems.DoublePendulum3D()
     q0, v0 = system.initial_conditions()
     v0 = vj.constraints.project_velocity(system, q0, v0)

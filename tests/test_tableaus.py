@@ -1,7 +1,8 @@
 """Tests for vijax.tableaus: Butcher tableaus, quadrature rules and order conditions.
 
-Spec references: spec 000 §3 (tableaus, simplifying assumptions, hypotheses H1–H3) and
-spec 002 §3.3 (quadrature rules on [0, 1]).
+References: Martín de Diego & Sato Martín de Almagro (2022), App. A (collocation tableaus,
+simplifying assumptions (43)–(45), CĈ and DD̂) and §4.3 (hypotheses H1–H3, H1′–H2′); Gauss and
+Gauss–Lobatto quadrature on [0, 1].
 """
 
 from decimal import Decimal, localcontext
@@ -115,7 +116,7 @@ def test_large_stage_counts_are_supported():
 
 
 # ----------------------------------------------------------------------------------------------
-# Exact spot values (spec 000 §3.1, spec 002 §3.3). Extended precision + one rounding means the
+# Exact spot values (closed forms). Extended precision + one rounding means the
 # stored floats equal the correctly rounded exact values bit for bit.
 # ----------------------------------------------------------------------------------------------
 
@@ -172,9 +173,9 @@ def test_lobatto_s5_values():
     assert t.c.tolist() == c
     assert t.b.tolist() == F("1/20", "49/180", "16/45", "49/180", "1/20")
     assert abs(t.a[1, 0] - 0.0677284321861569) <= 1e-15
-    # Spec 000 §3.1 prints â12 = −0.0965214641246216, but its own formula â12 = b2 (1 − a21 / b1)
-    # with the printed a21 and b gives −0.0965214641246320 (also the 60-digit value): the printed
-    # digits "…6216" are a transcription slip (difference 1.04e-14).
+    # A hand-transcribed reference value â12 = −0.0965214641246216 disagrees with the formula
+    # â12 = b2 (1 − a21 / b1), which with a21 and b above gives −0.0965214641246320 (also the
+    # 60-digit value): the digits "…6216" were a transcription slip (difference 1.04e-14).
     assert abs(th.a[0, 1] - (-0.0965214641246320)) <= 1e-15
     assert abs(th.a[0, 1] - t.b[1] * (1 - t.a[1, 0] / t.b[0])) <= 1e-16
 
@@ -206,7 +207,8 @@ def test_gauss_and_radau_exact():
 
 
 # ----------------------------------------------------------------------------------------------
-# Symplectic conjugates and the Lobatto IIIA–IIIB pair (spec 000 §3.1–§3.3)
+# Symplectic conjugates and the Lobatto IIIA–IIIB pair (Martín de Diego & Sato Martín de
+# Almagro (2022), App. A.3.1 and §4.3)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -250,7 +252,7 @@ def _cc_hat(a, a_hat, c, Q):
 
 
 def _dd_hat(a, a_hat, b, c, R):
-    """Residual of DD̂(R), k = 2..R (spec 000 §3.2):
+    """Residual of DD̂(R), k = 2..R (App. A.3.1 of Martín de Diego & Sato Martín de Almagro):
     Σ_ij b_i c_i^(k−2) a_ij â_jl − b_l ((k−1) − (k c_l − c_l^k)) / (k (k−1))."""
 
     def res(k):
@@ -270,7 +272,7 @@ def test_lobatto_pair_relations(s):
     assert np.array_equal(a[-1], b)  # H3
     assert np.all(ah[:, -1] == 0.0)  # H1′
     assert np.all(ah[:, 0] == bh[0])  # H2′
-    # CĈ(s), DD̂(s), ĈC(s−2), D̂D(s−2) (spec 000 §3.1); each fails one order above.
+    # CĈ(s), DD̂(s), ĈC(s−2), D̂D(s−2) (App. A.3.1); each fails one order above.
     assert _cc_hat(a, ah, c, s) <= 1e-13 and _cc_hat(a, ah, c, s + 1) > 1e-8
     assert _dd_hat(a, ah, b, c, s) <= 1e-13 and _dd_hat(a, ah, b, c, s + 1) > 1e-8
     above = max(s - 1, 2)  # k starts at 2, so order 1 is vacuous
@@ -343,7 +345,7 @@ def test_gauss_stability_function(s):
 
 
 # ----------------------------------------------------------------------------------------------
-# Quadrature rules on [0, 1] (spec 002 §3.3)
+# Quadrature rules on [0, 1]
 # ----------------------------------------------------------------------------------------------
 
 

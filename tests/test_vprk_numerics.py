@@ -1,4 +1,5 @@
-"""Numerical verification of the VPRK integrators (spec 000 §4.2; seed 000, Thm 4.2, eq. (9)).
+"""Numerical verification of the VPRK integrators (Martín de Diego & Sato Martín de Almagro
+(2022), §4.2, Thm 4.2, eq. (9)).
 
 What is proved here, in float64, for every preset (implicit midpoint, Störmer–Verlet,
 Gauss s = 1..4, Lobatto IIIA–IIIB s = 2..5):

@@ -1,7 +1,8 @@
 """Holonomic constraints ``g(q) = 0``: Jacobians, consistent initial data and multipliers.
 
-Sign convention (spec 002 eq. (1)-(3)): the augmented Lagrangian is ``L - g(q).lam``, so the
-equations of motion read ``d/dt D2L - D1L + G(q)^T lam = 0`` with ``G = Dg``.  For the
+Sign convention (Wenger, Ober-Blöbaum & Leyendecker (2017), eqs. (1)-(3)): the augmented
+Lagrangian is ``L - g(q).lam``, so the equations of motion read
+``d/dt D2L - D1L + G(q)^T lam = 0`` with ``G = Dg``.  For the
 pendulum hanging at rest ``lam`` is the (positive) tension divided by the length.
 """
 
@@ -66,8 +67,9 @@ def project_velocity(system, q, v):
 
 def project_momentum(system, q, p, v_guess=None):
     """Project ``p`` onto the hidden constraint within its class ``p + span(G^T)``:
-    ``P(q, p) = p - G^T mu`` with ``G FL^{-1}(q, p - G^T mu) = 0`` (spec 002 eq. (4); one
-    linear solve when ``L`` is quadratic in ``v``, Newton in ``mu`` otherwise)."""
+    ``P(q, p) = p - G^T mu`` with ``G FL^{-1}(q, p - G^T mu) = 0`` (Wenger, Ober-Blöbaum &
+    Leyendecker (2017), eq. (4); one linear solve when ``L`` is quadratic in ``v``, Newton in
+    ``mu`` otherwise)."""
     G = constraint_jacobian(system, q)
 
     def residual(mu):
@@ -84,11 +86,11 @@ def project_momentum(system, q, p, v_guess=None):
 
 
 def multiplier(system, q, v):
-    """The multiplier ``lam(q, v)`` of the continuous equations (spec 002 eq. (70)).
+    """The multiplier ``lam(q, v)`` of the continuous equations.
 
     Differentiating ``G(q) v = 0`` twice along the motion gives
     ``(G H^{-1} G^T) lam = G H^{-1} f + G_q(v, v)`` with ``H = d2L/dv2`` and
-    ``f = D1L - (d D2L / dq) v``.
+    ``f = D1L - (d D2L / dq) v`` (Wenger, Ober-Blöbaum & Leyendecker (2017), eq. (70)).
     """
     G = constraint_jacobian(system, q)
     hinv = system.inverse_velocity_hessian(q, v)

@@ -1,8 +1,8 @@
 """Root solvers for the implicit stage equations of every vijax integrator.
 
-Each implicit method is a residual ``F(x) = 0`` over its stage unknowns ``x`` (DESIGN.md,
-principle 2).  This module owns the iteration that finds the root and the way gradients flow
-through it:
+Each implicit method is a residual ``F(x) = 0`` over its stage unknowns ``x``; one solver
+interface serves every method.  This module owns the iteration that finds the root and the way
+gradients flow through it:
 
 * :class:`Newton` -- full Newton, Jacobian by :func:`jax.jacfwd` of ``F`` and a dense LU solve
   at every iteration (stiff problems, constraints);

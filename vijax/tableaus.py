@@ -1,11 +1,11 @@
 """Butcher tableaus, quadrature rules, symplectic-conjugate pairs and order-condition checks.
 
-Tableaus are *computed, not typed in* (DESIGN principle 5). Each family is generated from its
+Tableaus are *computed, not typed in*. Each family is generated from its
 nodes in extended precision -- Python's ``decimal`` with at least 50 significant digits, exact
 integers where possible -- and cast to float64 only at the end. Every stored coefficient is
 therefore the correctly rounded float of the exact value, up to a vanishing chance of a tie.
 
-The pipeline (spec 000 §3.1, seed 000 eq. (41)):
+The pipeline (Martín de Diego & Sato Martín de Almagro (2022), eq. (41)):
 
 1. Node polynomial with exact integer coefficients, e.g. the shifted Legendre polynomial
    ``P_s(2x-1)``.
@@ -92,7 +92,8 @@ def _floats(x) -> tuple:
 
 
 class ButcherTableau(eqx.Module):
-    """An s-stage Runge–Kutta tableau ``(A, b, c)`` (spec 000 §3, seed 000 eqs. (41)–(45)).
+    """An s-stage Runge–Kutta tableau ``(A, b, c)``, in the notation of App. A.3 of
+    Martín de Diego & Sato Martín de Almagro (2022).
 
     The coefficients are stored as nested tuples of Python floats in static fields, so an
     integrator that closes over a tableau bakes them into the compiled code as constants. Read
@@ -160,10 +161,10 @@ class ButcherTableau(eqx.Module):
 
 
 class PartitionedTableau(eqx.Module):
-    """A partitioned RK pair: tableau ``q`` for positions and ``p`` for momenta (spec 000 §3.1).
+    """A partitioned RK pair: tableau ``q`` for positions and ``p`` for momenta.
 
-    For a symplectic pair (seed 000, Thm 4.2) the tableaus satisfy
-    ``b_i â_ij + b̂_j a_ji = b_i b̂_j`` and ``b̂ = b`` (spec 000 §3.1, §3.2), where ``(a, b)``
+    For a symplectic pair (Martín de Diego & Sato Martín de Almagro (2022), Thm 4.2) the
+    tableaus satisfy ``b_i â_ij + b̂_j a_ji = b_i b̂_j`` and ``b̂ = b``, where ``(a, b)``
     belong to ``q`` and ``(â, b̂)`` to ``p``.
     """
 
@@ -272,9 +273,10 @@ def _lagrange_basis(nodes: Sequence[Decimal]) -> list[list[Decimal]]:
 
 
 def _collocation(nodes: Sequence) -> tuple[list[list], list]:
-    """``(A, b)`` of the collocation method on ``nodes`` (spec 000 §3.1, seed 000 eq. (41)).
+    """``(A, b)`` of the collocation method on ``nodes``.
 
-    ``a_ij = ∫_0^{c_i} l_j`` and ``b_j = ∫_0^1 l_j``.
+    ``a_ij = ∫_0^{c_i} l_j`` and ``b_j = ∫_0^1 l_j``: eq. (41) of
+    Martín de Diego & Sato Martín de Almagro (2022).
     """
     antiderivs = [_poly_antideriv(ell) for ell in _lagrange_basis(nodes)]
     a = [[_poly_eval(L, ci) for L in antiderivs] for ci in nodes]
@@ -285,12 +287,13 @@ def _collocation(nodes: Sequence) -> tuple[list[list], list]:
 def _conjugate(a: Sequence[Sequence], b: Sequence) -> list[list]:
     """``â_ij = b_j (1 − a_ji / b_i)``, the solution of ``b_i â_ij + b_j a_ji = b_i b_j``.
 
-    (spec 000 §3.1). Generic over the number type, so it runs exactly on Fractions or in
+    Generic over the number type, so it runs exactly on Fractions or in
     extended precision on Decimals.
     """
     s = len(b)
     # Written as b_j (1 − a_ji / b_i) so that a_ji = b_i gives exactly 0 and a_ji = 0 exactly b_j
-    # (hypotheses H1′ and H2′ of spec 000 §3.3 hold exactly, not just to the working precision).
+    # (hypotheses H1′ and H2′ of Martín de Diego & Sato Martín de Almagro (2022), §4.3, hold
+    # exactly, not just to the working precision).
     return [[b[j] * (1 - a[j][i] / b[i]) for j in range(s)] for i in range(s)]
 
 
@@ -314,7 +317,7 @@ def _gauss_nodes(s: int) -> tuple[Decimal, ...]:
 @functools.lru_cache(maxsize=None)
 @_extended
 def _lobatto_nodes(s: int) -> tuple[Decimal, ...]:
-    """0, the zeros of ``P'_{s−1}(2x − 1)``, and 1 (spec 000 §3.1)."""
+    """0, the zeros of ``P'_{s−1}(2x − 1)``, and 1: the Lobatto nodes."""
     guesses = _to_unit_interval(np.polynomial.Legendre.basis(s - 1).deriv().roots())
     interior = _refine_roots(_poly_deriv(_shifted_legendre(s - 1)), guesses)
     return (Decimal(0), *interior, Decimal(1))
@@ -355,8 +358,8 @@ def gauss(s: int) -> ButcherTableau:
     """The s-stage Gauss–Legendre collocation method; order 2s, stage order s, s ≥ 1.
 
     Nodes are the zeros of ``P_s(2x − 1)``; ``a_ij = ∫_0^{c_i} l_j`` and ``b_j = ∫_0^1 l_j``
-    (spec 000 §3.1, seed 000 eq. (41)). It satisfies B(2s), C(s) and D(s), is symplectic
-    (self-conjugate), and ``R(∞) = (−1)^s``.
+    (Martín de Diego & Sato Martín de Almagro (2022), eq. (41)). It satisfies B(2s), C(s) and
+    D(s), is symplectic (self-conjugate), and ``R(∞) = (−1)^s``.
     """
     return _gauss(_check_stages(s, 1, "gauss"))
 
@@ -382,8 +385,9 @@ def lobatto_iiia(s: int) -> ButcherTableau:
     """The s-stage Lobatto IIIA (continuous collocation) method; order 2s − 2, stage order s.
 
     Nodes ``c_1 = 0``, ``c_s = 1`` and the zeros of ``P'_{s−1}(2x − 1)``; collocation
-    coefficients as in seed 000 eq. (41) (spec 000 §3.1). It satisfies B(2s − 2), C(s),
-    D(s − 2), hypotheses H1–H3 (spec 000 §3.3), and ``R(∞) = (−1)^(s−1)``. Requires s ≥ 2.
+    coefficients as in Martín de Diego & Sato Martín de Almagro (2022), eq. (41). It satisfies
+    B(2s − 2), C(s), D(s − 2), their hypotheses H1–H3 (§4.3) and ``R(∞) = (−1)^(s−1)``.
+    Requires s ≥ 2.
     """
     return _lobatto_iiia(_check_stages(s, 2, "lobatto_iiia"))
 
@@ -396,9 +400,10 @@ def _lobatto_iiia(s: int) -> ButcherTableau:
 def lobatto_iiib(s: int) -> ButcherTableau:
     """The s-stage Lobatto IIIB method: the symplectic conjugate of Lobatto IIIA.
 
-    ``â_ij = b_j (1 − a_ji / b_i)``, ``b̂ = b``, ``ĉ = c`` (spec 000 §3.1), computed in extended
+    ``â_ij = b_j (1 − a_ji / b_i)``, ``b̂ = b``, ``ĉ = c``, computed in extended
     precision from the Lobatto IIIA coefficients. Order 2s − 2, stage order s − 2; it satisfies
-    B(2s − 2), C(s − 2), D(s) and H1′, H2′ (spec 000 §3.3). Requires s ≥ 2.
+    B(2s − 2), C(s − 2), D(s) and the hypotheses H1′, H2′ of
+    Martín de Diego & Sato Martín de Almagro (2022), §4.3. Requires s ≥ 2.
 
     For s = 2 the row sums of ``Â`` are (1/2, 1/2), not ``c = (0, 1)``: C(1) fails, in line with
     stage order 0.
@@ -460,7 +465,8 @@ def _radau_iia(s: int) -> ButcherTableau:
 def symplectic_conjugate(t: ButcherTableau) -> ButcherTableau:
     """The symplectic conjugate ``(Â, b, c)`` of a tableau, with ``â_ij = b_j − b_j a_ji / b_i``.
 
-    This solves ``b_i â_ij + b_j a_ji = b_i b_j`` (spec 000 §3.1, §3.2). ``ĉ = c``, so that
+    This solves ``b_i â_ij + b_j a_ji = b_i b_j``, the symplecticity condition of
+    Martín de Diego & Sato Martín de Almagro (2022), Thm 4.2. ``ĉ = c``, so that
     ``(t, conjugate)`` is a partitioned pair with shared stage times. The arithmetic is exact
     (Fractions on the stored binary values), rounded once to float64. The result keeps
     ``t.order``; its stage order is the largest q with C(q) satisfied numerically. For the
@@ -482,9 +488,9 @@ def symplectic_conjugate(t: ButcherTableau) -> ButcherTableau:
 
 
 def symplectic_pair(t: ButcherTableau) -> PartitionedTableau:
-    """The symplectic partitioned pair ``(t, symplectic_conjugate(t))`` (spec 000 §3.1).
+    """The symplectic partitioned pair ``(t, symplectic_conjugate(t))``.
 
-    Use it with a variational PRK (seed 000, Thm 4.2).
+    Use it with a variational PRK (Martín de Diego & Sato Martín de Almagro (2022), Thm 4.2).
     """
     conj = symplectic_conjugate(t)
     self_conjugate = np.max(np.abs(conj.a - t.a)) <= 4 * np.finfo(np.float64).eps
@@ -493,9 +499,10 @@ def symplectic_pair(t: ButcherTableau) -> PartitionedTableau:
 
 
 def lobatto_iiia_iiib(s: int) -> PartitionedTableau:
-    """The s-stage Lobatto IIIA–IIIB pair ("Lobatto-s" in seed 000); order 2s − 2, s ≥ 2.
+    """The s-stage Lobatto IIIA–IIIB pair; order 2s − 2, s ≥ 2.
 
-    It satisfies H1–H3 and H1′–H2′ (spec 000 §3.3).
+    It satisfies the hypotheses H1–H3 and H1′–H2′ of
+    Martín de Diego & Sato Martín de Almagro (2022), §4.3, where the pair is called "Lobatto-s".
     """
     s = _check_stages(s, 2, "lobatto_iiia_iiib")
     name = f"Lobatto IIIA–IIIB({s})"
@@ -503,12 +510,12 @@ def lobatto_iiia_iiib(s: int) -> PartitionedTableau:
 
 
 # --------------------------------------------------------------------------------------------
-# Quadrature rules on [0, 1] (spec 002 §3.3)
+# Quadrature rules on [0, 1]
 # --------------------------------------------------------------------------------------------
 
 
 def gauss_quadrature(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(nodes, weights)`` of the n-point Gauss–Legendre rule on [0, 1] (spec 002 §3.3).
+    """``(nodes, weights)`` of the n-point Gauss–Legendre rule on [0, 1].
 
     The rule has order 2n, so it is exact for degree ≤ 2n − 1. The nodes and weights are those of
     `gauss` (n), computed in extended precision.
@@ -518,7 +525,7 @@ def gauss_quadrature(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def lobatto_quadrature(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(nodes, weights)`` of the n-point Gauss–Lobatto rule on [0, 1], n ≥ 2 (spec 002 §3.3).
+    """``(nodes, weights)`` of the n-point Gauss–Lobatto rule on [0, 1], n ≥ 2.
 
     The nodes include 0 and 1. The rule has order 2n − 2, so it is exact for degree ≤ 2n − 3.
     The weights equal ``1 / (n (n − 1) P_{n−1}(2x_i − 1)²)``.
@@ -528,7 +535,7 @@ def lobatto_quadrature(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 # --------------------------------------------------------------------------------------------
-# Order conditions (spec 000 §3.2, seed 000 eqs. (43)–(45))
+# Order conditions B, C, D: Martín de Diego & Sato Martín de Almagro (2022), eqs. (43)–(45)
 # --------------------------------------------------------------------------------------------
 
 
@@ -558,19 +565,19 @@ def _residual_D(a: np.ndarray, b: np.ndarray, c: np.ndarray, r: int) -> float:
 
 
 def residual_B(t: ButcherTableau, p: int) -> float:
-    """``max_{k ≤ p} |Σ_i b_i c_i^(k−1) − 1/k|``, the residual of B(p) (spec 000 §3.2)."""
+    """``max_{k ≤ p} |Σ_i b_i c_i^(k−1) − 1/k|``, the residual of B(p) (eq. (43))."""
     return _residual_B(t.b, t.c, _check_order(p))
 
 
 def residual_C(t: ButcherTableau, q: int) -> float:
-    """``max_{i, k ≤ q} |Σ_j a_ij c_j^(k−1) − c_i^k / k|``, the residual of C(q) (spec 000 §3.2)."""
+    """``max_{i, k ≤ q} |Σ_j a_ij c_j^(k−1) − c_i^k / k|``, the residual of C(q) (eq. (44))."""
     return _residual_C(t.a, t.c, _check_order(q))
 
 
 def residual_D(t: ButcherTableau, r: int) -> float:
     """``max_{j, k ≤ r} |Σ_i b_i c_i^(k−1) a_ij − b_j (1 − c_j^k) / k|``, the residual of D(r).
 
-    (spec 000 §3.2).
+    B, C and D are eqs. (43)–(45) of Martín de Diego & Sato Martín de Almagro (2022).
     """
     return _residual_D(t.a, t.b, t.c, _check_order(r))
 
@@ -623,9 +630,10 @@ def simplifying_orders(
 
 
 def stability_function(t: ButcherTableau, z):
-    """``R(z) = 1 + z bᵀ (I − z A)^(−1) 𝟙`` (spec 000 §3.2), for scalar or array, real or complex z.
+    """Stability function ``R(z) = 1 + z bᵀ (I − z A)^(−1) 𝟙``, scalar or array, real or complex z.
 
     The result has the shape of ``z``, and dtype float64 or complex128.
+    See Martín de Diego & Sato Martín de Almagro (2022), App. A.3.
     """
     a, b = t.a, t.b
     z = np.asarray(z)
@@ -680,7 +688,8 @@ def lagrange_extrapolation_matrix(nodes_from, nodes_to) -> np.ndarray:
     """``E[i, j] = l_j(nodes_to[i])``, where ``l_j`` is the Lagrange basis on ``nodes_from``.
 
     ``E @ values_at(nodes_from)`` evaluates the interpolating polynomial at ``nodes_to``. Use it,
-    for example, for stage predictors from the previous step's continuous output (spec 000 §4.6).
+    for example, for stage predictors from the previous step's continuous output (the
+    collocation polynomial of Martín de Diego & Sato Martín de Almagro (2022), App. A.1).
     """
     xf = np.asarray(nodes_from, dtype=np.float64)
     xt = np.asarray(nodes_to, dtype=np.float64)

@@ -1,39 +1,45 @@
-"""Continuous-time discontinuous-Galerkin variational integrators (spec 004; seed 004).
+"""Continuous-time discontinuous-Galerkin variational integrators.
 
 Muehlebach, Heimsch & Glocker (2016) derive one-step methods from the *principle of virtual
-action* in Hamiltonian form (seed 004, eq. (7)), with ``q`` and ``p`` approximated by
-piecewise polynomials in time that may jump at the grid points:
+action* in Hamiltonian form (their eq. (7); equation and section numbers below are theirs),
+with ``q`` and ``p`` approximated by piecewise polynomials in time that may jump at the grid
+points:
 
-* :class:`DGVI` -- the main-text scheme (spec 004 §3, seed 004 eqs. (15)-(21)): ``q̃``
+* :class:`DGVI` -- the main-text scheme (§2.4, eqs. (15)-(21)): ``q̃``
   **left-continuous**, ``p̃`` **right-continuous**, ``s`` basis functions (polynomials of
-  degree ``s - 1``) per coordinate.  Nodal order ``2s - 1`` (spec 004 §6.3).  With
-  holonomic constraints (spec 004 §4, seed 004 eqs. (27)-(38)) a right-continuous
+  degree ``s - 1``) per coordinate.  Nodal order ``2s - 1`` (measured; the paper gives no rate).
+  With holonomic constraints (§4, eqs. (27)-(38)) a right-continuous
   constraint momentum ``p̃_g`` with ``m_g`` basis functions is added; the gap is then zero
   at every node, without stabilisation.
-* :class:`CGVI` -- the Appendix-B variant (spec 004 §5, seed 004 eqs. (B.10)-(B.12)):
+* :class:`CGVI` -- the Appendix-B variant (eqs. (B.10)-(B.12)):
   continuous ``q̃`` of degree ``r``, ``p̃`` of degree ``r - 1``.  For a constant mass matrix
   it is the Marsden--West Galerkin variational integrator (nodal order ``2r``).
 
-Both schemes are built from a scalar **discrete generating functional** ``G_i`` (spec 004
-§3.3 "[D]" paragraph, §4.2): the step equations are ``jax.grad`` of ``G_i`` with respect to
-the ansatz coefficients, plus the boundary condition at ``t_i``.  ``G_i`` is a type-2
+Both schemes are built from a scalar **discrete generating functional** ``G_i`` (our
+construction, not in the paper: its gradients are the residuals (19)-(20), resp. (34)): the
+step equations are ``jax.grad`` of ``G_i`` with respect to the ansatz coefficients, plus the
+boundary condition at ``t_i``.  ``G_i`` is a type-2
 generating function ``S(q_i, p_{i+1})`` of the step map, so the map is symplectic for *any*
-fixed quadrature rule placed inside ``G_i`` (spec 004 pitfall P4).
+fixed quadrature rule placed inside ``G_i``; each additive term may use its own rule.  (What
+breaks symplecticity is evaluating ``∇_q H`` and ``∇_p H`` of one non-separable term with
+different rules; the paper's condition, the same rule in ``A_q`` and ``A_p``, is sufficient.)
 
 Ansatz on the scaled time ``τ = (t - t_i) / h ∈ [0, 1]``.  The default basis is the Lagrange
 basis at the ``s`` Gauss--Legendre nodes ``c_j`` (then the coefficients are the values
 ``q̃(t_i + c_j h)``, which are also what the states store); ``"legendre"`` and
-``"monomial"`` bases span the same space and give the same trajectories (seed 004, eq. (22)),
+``"monomial"`` bases span the same space and give the same trajectories (eq. (22)),
 only the Newton conditioning differs.
 
 Quadrature (:class:`Quadrature`): Gauss--Legendre with ``k`` points (default ``k = 2s``:
 exact for polynomial integrands of degree ``<= 4s - 1``, i.e. for quadratic Hamiltonians and
 quadratic constraints, which makes the energy-like balance (24)/(40) exact there), or the
 rectangle rule (left/mid/right) with a fixed number of rectangles per step, provided only to
-reproduce the paper's experiments (spec 004 P10).  The term ``∫ p̃ᵀ q̃̇ dt`` is a polynomial and
+reproduce the paper's experiments (it is first order: with width 1e-4 s it adds about 1e-4 rad
+to the nodal error of §6.1).  The term ``∫ p̃ᵀ q̃̇ dt`` is a polynomial and
 is always integrated exactly.  For a :class:`~vijax.systems.MechanicalSystem` the kinetic part
 ``½ pᵀ M(q)⁻¹ p`` may use its own rule (``kinetic_quadrature``), as in the paper's §6.1/§6.2
-(kinetic integrals analytic, potential by rectangles); the step stays symplectic (P4).
+(kinetic integrals analytic, potential by rectangles); the step stays symplectic (one
+rule per additive term of ``G_i``, see above).
 
 Non-potential forces and time-dependent Hamiltonians are not supported (vijax systems are
 autonomous Lagrangians).
@@ -123,13 +129,15 @@ class Quadrature(eqx.Module):
     def rectangle(cls, rule: str = "left", *, width: Optional[float] = None,
                   h: Optional[float] = None, n: Optional[int] = None) -> "Quadrature":
         """Composite rectangle rule with ``n`` equal rectangles per step, evaluated at the
-        left end, the midpoint or the right end of each rectangle (spec 004 §7.2, P10).
+        left end, the midpoint or the right end of each rectangle (Muehlebach et al. (2016),
+        §6.1, use width 1e-4 s without naming the point; the left rule reproduces their numbers).
 
         Give either ``n`` (rectangles per step) or the physical ``width`` together with the
         step size ``h`` it is meant for (``n = h / width``, which must be an integer).  The
         rule lives on the scaled step, so a different step size rescales the width.
         It is a first-order rule (second order for ``"mid"``): use it only to reproduce the
-        paper's numbers (seed 004 §6.1-6.2: left rule, width 1e-4 s, T = 0.3 s).
+        paper's numbers (Muehlebach et al. (2016), §6.1-6.2: left rule, width 1e-4 s,
+        T = 0.3 s).
         """
         if rule not in _RECT_RULES:
             raise ValueError(f"unknown rectangle rule {rule!r}; use 'left', 'mid' or 'right', "
@@ -314,7 +322,7 @@ def _locate(t_nodes, t, right: bool, snap):
 
 
 # ----------------------------------------------------------------------------------------------
-# The discontinuous-Galerkin scheme (spec 004 §3 and §4)
+# The discontinuous-Galerkin scheme (Muehlebach et al. (2016), §2.4 and §4)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -323,10 +331,12 @@ class DGState(AbstractState):
 
     ``Q``, ``P`` are the values of ``q̃`` and ``p̃`` at the ``s`` Gauss nodes ``t_{i-1} + c_j h``
     of the interval just completed (the dense output; for the ``s``-point Gauss scheme these
-    are the PRK stage values of spec 004 §6.3).  Diagnostics of that step (zero at ``t_0``):
+    are the PRK stage values of :func:`dg_prk_tableau`).  Diagnostics of that step (zero at
+    ``t_0``):
 
-    * ``balance``: residual LHS - RHS of the energy-like balance (24) (seed 004);
-    * ``jump_q = q̃(t_{i-1}^+) - q_{i-1}`` and ``jump_p = p̃(t_i^-) - p_i`` (spec 004 P1).
+    * ``balance``: residual LHS - RHS of the energy-like balance (24) of Muehlebach et al. (2016);
+    * ``jump_q = q̃(t_{i-1}^+) - q_{i-1}`` and ``jump_p = p̃(t_i^-) - p_i``: since ``q̃`` is
+      left- and ``p̃`` right-continuous, ``q_{i-1}`` and ``p_i`` are node values, not limits.
     """
 
     t: Float[Array, ""]
@@ -341,10 +351,12 @@ class DGState(AbstractState):
 
 
 class ConstrainedDGState(AbstractState):
-    """Node data of the constrained DG scheme (spec 004 §4.2, seed 004 eqs. (35)-(38)).
+    """Node data of the constrained DG scheme (Muehlebach et al. (2016), §4.1, eqs. (35)-(38)).
 
     ``pz = p_{z,i} = p̃(t_i^+) - W(q_i) p̃_g(t_i^+)`` is the scheme's node variable; its normal
-    part ``W(q)``-direction is gauge (spec 004 P7) and grows as ``p_g`` drifts.  ``p`` is the
+    part ``W(q)``-direction is gauge (adding a multiple of ``W(q_i)`` to ``p_{z,i}`` leaves
+    ``q_{i+1}`` and the tangential part of ``p_{z,i+1}`` unchanged) and grows as ``p_g``
+    drifts (``ṗ_g`` is the constraint force, whose mean is not zero).  ``p`` is the
     physical momentum: the tangential projection of ``pz`` in the kinetic metric
     (:func:`vijax.constraints.project_momentum`), so ``H(q, p)`` is the energy.
     ``Pg`` holds ``p̃_g`` at the ``m_g`` Gauss nodes of the last interval.  Diagnostics as in
@@ -422,22 +434,27 @@ class _ContinuousTimeVI(AbstractIntegrator):
 
 
 class DGVI(_ContinuousTimeVI):
-    """Continuous-time discontinuous-Galerkin variational integrator (seed 004, eqs. (19)-(21);
-    constrained: eqs. (34)-(38)).
+    """Continuous-time discontinuous-Galerkin variational integrator (Muehlebach, Heimsch &
+    Glocker (2016), eqs. (19)-(21); constrained: eqs. (34)-(38)).
 
-    ``q̃`` is left-continuous and ``p̃`` right-continuous (spec 004 P1).  Step ``i`` solves
-    ``∂G_i/∂(η_q, η_p[, η_pg]) = 0`` and the boundary condition ``p̃(t_i^+) = p_i`` (constrained:
-    ``p̃(t_i^+) - W(q_i) p̃_g(t_i^+) = p_{z,i}``, eq. (38) with the node value ``q_i``, P6) for
-    ``η_q, η_p[, η_pg]`` and ``p_{i+1}`` (``p_{z,i+1}``); then ``q_{i+1} = q̃(t_{i+1})``.
+    ``q̃`` is left-continuous and ``p̃`` right-continuous, as in the paper (the convention is
+    part of the scheme).  Step ``i`` solves ``∂G_i/∂(η_q, η_p[, η_pg]) = 0`` and the boundary
+    condition ``p̃(t_i^+) = p_i`` (constrained: ``p̃(t_i^+) - W(q_i) p̃_g(t_i^+) = p_{z,i}``,
+    eq. (38)) for ``η_q, η_p[, η_pg]`` and ``p_{i+1}`` (``p_{z,i+1}``); then
+    ``q_{i+1} = q̃(t_{i+1})``.  ``W`` is taken at the node value ``q_i`` as in (38), not at
+    ``q̃(t_i^+)`` as the example's eq. (71) prints it: only ``W(q_i)`` makes ``G_i`` a
+    generating function (with ``W(q̃(t_i^+))`` Newton diverged at t ≈ 3.6 s in a reproduction
+    of §6.3).
 
-    Generating functional (spec 004 §3.3, §4.2)::
+    Generating functional (our construction; its gradients are (19)-(20), resp. (34))::
 
         G_i = p_{i+1}ᵀ q̃(1) - p̃(0)ᵀ (q̃(0) - q_i) - ∫ p̃ᵀ q̃̇ dt + ∫ H(q̃, p̃) dt
               [+ p̃_g(1⁻)ᵀ g(q_{i+1}) - p̃_g(0)ᵀ g(q_i) - ∫ ṗ̃_gᵀ g(q̃) dt]
 
     The bracket is the constraint term ``p̃_g(0)ᵀ(g(q̃(0)) - g(q_i)) + ∫ p̃_gᵀ ġ̃ dt`` integrated by
     parts: identical when integrals are exact, and it makes ``g(q_{i+1}) = g(q_i)`` exact for
-    *any* quadrature (P8), since the constant test function sees only the boundary terms.
+    *any* quadrature (with the paper's form the node gap is conserved only when ``∫ ġ̃ dt``
+    is exact), since the constant test function sees only the boundary terms.
     Holonomic constraints are used whenever the system defines ``holonomic(q)`` (any factor
     convention: ``W = ∂gᵀ/∂q`` is taken from the system's ``g``; only ``p_g`` rescales).
 
@@ -445,14 +462,14 @@ class DGVI(_ContinuousTimeVI):
     ----------
     s:
         Basis functions per coordinate (polynomials of degree ``s - 1``), ``s >= 1``.
-        ``s = 1`` is symplectic Euler (spec 004 §6.3).  Nodal order ``2s - 1``.
+        ``s = 1`` is symplectic Euler (our derivation).  Nodal order ``2s - 1`` (measured).
     quadrature:
         Rule for ``∫ H dt`` (and the constraint term): ``None`` = Gauss with ``2s`` points,
         an int ``k`` = ``k``-point Gauss, or a :class:`Quadrature`.
     kinetic_quadrature:
         Optional separate rule for ``∫ ½ p̃ᵀ M(q̃)⁻¹ p̃ dt`` (mechanical systems only), e.g.
         ``Quadrature.gauss(s)`` (exact for constant ``M``) with a rectangle rule for the
-        potential, as in seed 004 §6.1.
+        potential, as in Muehlebach et al. (2016), §6.1.
     basis:
         ``"lagrange"`` (at the Gauss nodes; default), ``"legendre"`` or ``"monomial"`` in the
         scaled time ``τ`` -- same trajectories (eq. (22)), different conditioning.
@@ -516,7 +533,7 @@ class DGVI(_ContinuousTimeVI):
         return bq, bq
 
     def _generating(self, system, X, q_i, h, constrained):
-        """Scalar ``G_i`` of spec 004 §3.3 / §4.2 (see the class docstring)."""
+        """Scalar generating functional ``G_i`` (see the class docstring)."""
         bq, bg = self._bases()
         dtype = q_i.dtype
         Q, P = X["Q"], X["P"]
@@ -554,14 +571,15 @@ class DGVI(_ContinuousTimeVI):
         bc = phi0 @ X["P"] - p_i
         if constrained:
             gphi0 = jnp.asarray(bg.values(0.0)[0], q_i.dtype)
-            W = cons.constraint_jacobian(system, q_i).T  # W(q_i), the node value (P6)
+            W = cons.constraint_jacobian(system, q_i).T  # W at the node value q_i, not q̃(t_i^+)
             bc = bc - W @ (gphi0 @ X["Pg"])
         return grads, bc
 
     # -- state ------------------------------------------------------------------------------
     def check_initial(self, system, q0, v0, tol):
         """Constrained: ``q0`` must satisfy ``g(q0) = 0`` (the gap is conserved at the nodes,
-        not restored).  The velocity need not be tangent: its normal part is gauge (P7)."""
+        not restored).  The velocity need not be tangent: its normal part only shifts the
+        gauge part of ``p_z`` (the paper imposes no initial condition on ``p_g``)."""
         if isinstance(system, HolonomicSystem):
             g = np.asarray(system.holonomic(q0))
             if np.max(np.abs(g)) > tol:
@@ -571,8 +589,8 @@ class DGVI(_ContinuousTimeVI):
                     f"vijax.constraints.project_position(system, q0) or simulate(project=True).")
 
     def init_from_momentum(self, system, t0, q0, p0):
-        """State at ``t0`` from ``(q0, p0)``; constrained: ``p_{z,0} = p0`` (seed 004, after
-        eq. (38)) and ``p`` its tangential projection."""
+        """State at ``t0`` from ``(q0, p0)``; constrained: ``p_{z,0} = p0`` (Muehlebach et al.
+        (2016), after eq. (38)) and ``p`` its tangential projection."""
         dtype = q0.dtype
         n, s = q0.shape[0], self.s
         zero = jnp.zeros((), dtype)
@@ -665,7 +683,8 @@ class DGVI(_ContinuousTimeVI):
     def dense_output(self, states, t) -> DenseOutput:
         """``q̃(t)``, ``p̃(t)`` (and ``p̃_g(t)``) from the stacked states of a run saved at every
         step (``vj.simulate(..., save_every=1).states``), with the paper's conventions
-        (spec 004 P1): ``q̃`` left-continuous (at a grid point ``t_i`` the node value ``q_i``),
+        (Muehlebach et al. (2016), §2.4): ``q̃`` left-continuous (at a grid point ``t_i`` the node
+        value ``q_i``, not ``q̃(t_i^+)``, whose error is far larger),
         ``p̃`` and ``p̃_g`` right-continuous (at ``t_i`` the polynomial of ``[t_i, t_{i+1})``; at
         the last grid point the node momentum ``p_N`` and the left limit of ``p̃_g``).  Times
         within ``1e-9 h`` of a grid point count as that grid point (the grid is accumulated in
@@ -674,8 +693,9 @@ class DGVI(_ContinuousTimeVI):
 
     # -- PRK export -------------------------------------------------------------------------
     def prk_tableau(self) -> tb.PartitionedTableau:
-        """The partitioned Runge--Kutta tableau equal to this scheme (spec 004 §6.2-6.3): only
-        for ``s``-point Gauss quadrature of the whole ``H``."""
+        """The partitioned Runge--Kutta tableau equal to this scheme (Muehlebach et al. (2016),
+        Sect. 5, for ``s = 2``; our generalisation to any ``s``): only for ``s``-point Gauss
+        quadrature of the whole ``H``."""
         if self.quadrature.name != f"Gauss({self.s})" or self.kinetic_quadrature not in (
                 None, self.quadrature):
             raise ValueError(f"the PRK form exists for s-point Gauss quadrature only; build "
@@ -687,7 +707,8 @@ class DGVI(_ContinuousTimeVI):
 @functools.lru_cache(maxsize=None)
 def dg_prk_tableau(s: int) -> tb.PartitionedTableau:
     """The PRK ``(A, Â, b, c)`` of the DG scheme with ``s`` basis functions and ``s``-point
-    Gauss quadrature, derived from the Galerkin equations (spec 004 §6.1-6.3).
+    Gauss quadrature, derived from the Galerkin equations (as Muehlebach et al. (2016), Sect. 5,
+    eqs. (45)-(48), do for ``s = 2``; the general ``s`` is our derivation).
 
     With the Lagrange basis at the Gauss nodes, ``η_q`` and ``η_p`` are the stage values and
     ``∫ ψ_j f dt = h b_j f(c_j)``.  Row ``A_p = 0`` gives ``(φ(0)φ(0)ᵀ + B)(Q - q_i 1) =
@@ -712,7 +733,7 @@ def dg_prk_tableau(s: int) -> tb.PartitionedTableau:
 
 
 def dg_prk_tableau_formula(s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(A, Â, b, c)`` from the closed form of spec 004 §6.3:
+    """``(A, Â, b, c)`` from our closed form (not in the paper; checked for ``s = 1..5``):
     ``a_jk = a^Gauss_jk ± ½ P_{s-1}(2c_j - 1) P_{s-1}(2c_k - 1) b_k`` (``+`` for ``A``)."""
     s = _check_int("s", s, 1)
     g = tb.gauss(s)
@@ -743,7 +764,7 @@ class CGState(AbstractState):
 
 
 class CGVI(_ContinuousTimeVI):
-    """Appendix-B variant (seed 004, eqs. (B.10)-(B.12); spec 004 §5): continuous ``q̃`` of
+    """Appendix-B variant (Muehlebach et al. (2016), eqs. (B.10)-(B.12)): continuous ``q̃`` of
     degree ``r``, ``p̃`` of degree ``r - 1``, node momenta from the continuity multipliers.
 
     Step: with ``q̃(t_i) = q_i`` built into the ansatz, solve ``∂G/∂η_q = 0`` (all ``r + 1``
@@ -752,7 +773,8 @@ class CGVI(_ContinuousTimeVI):
         G = p_{i+1}ᵀ q̃(1) - p_iᵀ q̃(0) - ∫ p̃ᵀ q̃̇ dt + ∫ H(q̃, p̃) dt.
 
     For a constant mass matrix and exact kinetic integrals ``A_p = 0`` gives ``p̃ = M q̃̇``
-    (B.13) and the step is the Marsden--West Galerkin VI (seed 004 eq. (62)), nodal order
+    (B.13) and the step is the Marsden--West Galerkin VI (Marsden & West (2001); eq. (62) of
+    Muehlebach et al.), nodal order
     ``2r``.  Quadrature options as for :class:`DGVI` (default Gauss with ``2r`` points).
     """
 

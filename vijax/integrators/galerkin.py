@@ -1,7 +1,8 @@
-"""Galerkin variational integrators with holonomic constraints (spec 002; seed 002).
+"""Galerkin variational integrators with holonomic constraints.
 
-On each step ``[t_k, t_k + h]`` the configuration is a polynomial ``q_d`` of degree ``s``
-through control points ``q_k^0..q_k^s`` (seed 002, eq. (11)) and the multiplier a polynomial
+The method of Wenger, Ober-Blöbaum & Leyendecker (2017); equation, table and theorem numbers
+below are theirs.  On each step ``[t_k, t_k + h]`` the configuration is a polynomial ``q_d`` of
+degree ``s`` through control points ``q_k^0..q_k^s`` (eq. (11)) and the multiplier a polynomial
 ``lam_d`` of degree ``w`` whose control points are the nodes of the constraint quadrature
 (eq. (12), Theorem 1 condition 1).  The discrete augmented Lagrangian splits the action into
 two quadratures (eqs. (13), (18)-(20)):
@@ -16,11 +17,11 @@ Stationarity gives the discrete Euler--Lagrange equations (22); one step solves,
     R_nu = D_{nu+1} Lbar_d,  nu = 1..s-1                                  (interior points)
     0 = g(q_d(f_i h)),       i = 2..w+1  (Lobatto)  /  1..w-1  (Gauss)    (constraints)
 
-for ``q_k^1..q_k^s`` and the multipliers (spec 002 §3.7).  ``pi_{k+1} = D_{s+1} Lbar_d``
-without the ``lam_k^w`` term is the incoming momentum of the next step.  All derivatives of
-``Lbar_d`` come from :func:`jax.grad`.
+for ``q_k^1..q_k^s`` and the multipliers (our one-step form of (22), see docs/holonomic.md).
+``pi_{k+1} = D_{s+1} Lbar_d`` without the ``lam_k^w`` term is the incoming momentum of the
+next step.  All derivatives of ``Lbar_d`` come from :func:`jax.grad`.
 
-Two modes (spec 002 §3.7):
+Two modes:
 
 * ``"projected"`` (default): a one-step map on the hidden-constraint manifold,
   ``pi = p_k`` and ``sigma = 1``, then ``p_{k+1} = P(q_{k+1}) pi_{k+1}`` (projection (4)).  It
@@ -31,8 +32,8 @@ Two modes (spec 002 §3.7):
   (``state.p_raw``, ``state.lam_raw``).  ``s = w = 1`` with Lobatto ``r = 2`` is SHAKE.
 
 In both modes the state's ``p`` is the projected momentum and ``lam`` the multiplier (70) at
-``(q, p)``: the post-processing of spec 002 §3.8, which lifts ``p`` and ``lam`` to the order
-of ``q``.
+``(q, p)``: the post-processing of the paper's §4.1, which lifts ``p`` and ``lam`` to the
+order of ``q``.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ class GalerkinState(AbstractState):
     ``pi``: incoming momentum of the next step (equals ``p`` in projected mode).
     ``first``: 1 before the first step (the paper mode's ``sigma = 1``), 0 afterwards.
     ``p_raw, lam_raw``: paper mode's raw ``p_k^0`` and ``lam_k^0`` at the *previous* node
-    (they need step ``k``'s solve; spec 002 pitfall 2).  ``controls, mults``: the last step's
+    (they need step ``k``'s solve: the node multiplier ``lam_k^0`` is shared by steps ``k - 1``
+    and ``k``, and only step ``k`` determines it).  ``controls, mults``: the last step's
     control points (as ``(q^nu - q^0)/h``) and multipliers, for the predictor.
     """
 
@@ -80,16 +82,19 @@ class GalerkinState(AbstractState):
 
 
 def _q_order(s: int, w: int, ordL: int) -> int:
-    """``ord(q)`` read off seed 002 Tables 1-2 (Lobatto constraint quadrature).
+    """``ord(q)`` read off Tables 1-2 of Wenger et al. (2017) (Lobatto constraint quadrature).
 
-    Shaded cells (``s = w`` or ``s = w + 1``): ``min(2s, ordL, 2w)`` (spec 002 §4.3).  Each
-    further degree of ``s`` beyond ``w + 1`` costs two orders, with a floor of 2.
+    Shaded cells (``s = w`` or ``s = w + 1``): ``min(2s, ordL, 2w)`` (the rule of their §4.1).
+    Each further degree of ``s`` beyond ``w + 1`` costs two orders, with a floor of 2 (our
+    reading of the unshaded cells).
     """
     return max(2, min(2 * s, ordL, 2 * w) - 2 * max(0, s - w - 1))
 
 
 class GalerkinVI(AbstractIntegrator):
-    """Constrained Galerkin variational integrator ``(s, w, ordL, ordZ)`` (seed 002).
+    """Constrained Galerkin variational integrator ``(s, w, ordL, ordZ)``.
+
+    Wenger, Ober-Blöbaum & Leyendecker (2017); theorem and equation numbers below are theirs.
 
     Parameters
     ----------
@@ -112,11 +117,13 @@ class GalerkinVI(AbstractIntegrator):
         Optional check: must equal the order implied by ``w`` and ``constraint_quadrature``
         (the multiplier control points *are* the constraint nodes, condition 1).
     mode:
-        ``"projected"`` (default, one-step map on ``T^*C``) or ``"paper"`` (seed 002's
+        ``"projected"`` (default, one-step map on ``T^*C``) or ``"paper"`` (the paper's
         unprojected two-step scheme); see the module docstring.
     control_points:
         Interior control points of ``q_d``: ``"lobatto"`` (default) or ``"equidistant"``.  The
-        nodal solution does not depend on them (spec 002 §3.2); only conditioning does.
+        nodal solution does not depend on them (they only choose a basis of the same
+        polynomials; the constraints are imposed at the multiplier nodes); only conditioning
+        does.
     solver:
         Root solver for the step equations (default :class:`~vijax.solvers.Newton`).
 
@@ -168,38 +175,38 @@ class GalerkinVI(AbstractIntegrator):
         if r < s:
             least = 2 * s if quadrature == "gauss" else max(2, 2 * s - 2)
             raise ValueError(
-                f"Assumption 1 of seed 002 fails: {quadrature} quadrature of order ordL={ordL} "
-                f"has r={r} nodes, fewer than the degree s={s}, so the discrete Lagrangian "
-                f"flow is not well defined (spec 002 §3.6). Use ordL >= {least}.")
+                f"{quadrature} quadrature of order ordL={ordL} has r={r} nodes, fewer than the "
+                f"degree s={s}: the Lagrangian quadrature needs at least s nodes, otherwise the "
+                f"discrete Lagrangian flow is not well defined. Use ordL >= {least}.")
         if constraint_quadrature == "lobatto":
             if w > s:
                 raise ValueError(
-                    f"Theorem 1 condition 2 of seed 002 fails: w={w} > s={s} with Lobatto "
-                    f"constraint quadrature makes the step equations rank deficient (the "
-                    f"Newton matrix is singular). Use w <= s.")
+                    f"w <= s is required with Lobatto constraint quadrature (got w={w}, s={s}): "
+                    f"otherwise the step equations are rank deficient (the Newton matrix is "
+                    f"singular). Use w <= s.")
             implied = 2 * w
         else:
             if w < 2:
                 raise ValueError("Gauss constraint quadrature uses w - 1 nodes: it needs w >= 2.")
             if w > s + 1:
                 raise ValueError(
-                    f"Theorem 1 condition 2 of seed 002 fails: w={w} > s+1={s + 1} with Gauss "
-                    f"constraint quadrature makes the step equations rank deficient. Use "
+                    f"w <= s + 1 is required with Gauss constraint quadrature (got w={w} > "
+                    f"s+1={s + 1}): otherwise the step equations are rank deficient. Use "
                     f"w <= s + 1.")
             implied = 2 * (w - 1)
             warnings.warn(
-                "Gauss constraint quadrature violates Theorem 1 condition 3 (last node f_z = 1):"
+                "Gauss constraint quadrature has no node at the end of the step (f_z < 1):"
                 " the scheme is solvable but not stiffly accurate, so the nodes drift off "
-                "g = 0 (seed 002 §3.3). Use constraint_quadrature='lobatto'.", stacklevel=2)
+                "g = 0. Use constraint_quadrature='lobatto'.", stacklevel=2)
         if ordZ is not None and ordZ != implied:
             raise ValueError(
-                f"Theorem 1 condition 1 of seed 002 ties the multiplier control points to the "
-                f"constraint quadrature nodes, so w={w} with {constraint_quadrature} gives "
-                f"ordZ={implied}, not {ordZ}. Change w instead.")
+                f"The multiplier control points must be the constraint quadrature nodes, so "
+                f"w={w} with {constraint_quadrature} gives ordZ={implied}, not {ordZ}. "
+                f"Change w instead.")
         if constraint_quadrature == "lobatto" and s >= w + 2 and w >= 2:
             warnings.warn(
                 f"s={s} >= w+2={w + 2}: solvable but with order reduction in q, p and lam, and "
-                f"lam may diverge (seed 002 Tables 1-2). Use w = s or w = s - 1.", stacklevel=2)
+                f"lam may diverge. Use w = s or w = s - 1.", stacklevel=2)
         self.s, self.w, self.quadrature, self.ordL = s, w, quadrature, int(ordL)
         self.constraint_quadrature, self.mode = constraint_quadrature, mode
         self.control_points = control_points
@@ -208,8 +215,8 @@ class GalerkinVI(AbstractIntegrator):
     # -- presets ----------------------------------------------------------------------------
     @classmethod
     def gauss(cls, s: int, **kwargs) -> GalerkinVI:
-        """``s = w``, Gauss ``r = s`` for ``L``: order ``2s`` (Jay's (s,s)-Gauss--Lobatto SPARK
-        with the projection)."""
+        """``s = w``, Gauss ``r = s`` for ``L``: order ``2s`` (the (s,s)-Gauss--Lobatto SPARK of
+        Jay (2007) with the projection; Wenger et al. (2017), §3.5)."""
         return cls(s, s, quadrature="gauss", **kwargs)
 
     @classmethod
@@ -220,19 +227,21 @@ class GalerkinVI(AbstractIntegrator):
     @classmethod
     def lobatto_iiia_iiib(cls, s: int, **kwargs) -> GalerkinVI:
         """``w = s - 1``, Lobatto ``r = s`` for ``L`` and ``g``: constrained Lobatto
-        IIIA--IIIB with ``s`` stages, order ``2s - 2`` (seed 002 §3.5)."""
+        IIIA--IIIB with ``s`` stages, order ``2s - 2`` (Wenger et al. (2017), §3.5)."""
         if s < 2:
             raise ValueError(f"Lobatto IIIA-IIIB needs s >= 2 stages, got {s}.")
         return cls(s, s - 1, quadrature="lobatto", ordL=2 * s - 2, **kwargs)
 
     @classmethod
     def rattle(cls, **kwargs) -> GalerkinVI:
-        """RATTLE: ``s = w = 1``, trapezoidal ``L`` and ``g``, projected (seed 002 §2.2)."""
+        """RATTLE: ``s = w = 1``, trapezoidal ``L`` and ``g``, projected (Wenger et al. (2017),
+        §2.2)."""
         return cls(1, 1, quadrature="lobatto", ordL=2, mode="projected", **kwargs)
 
     @classmethod
     def shake(cls, **kwargs) -> GalerkinVI:
-        """SHAKE: ``s = w = 1``, trapezoidal ``L`` and ``g``, unprojected (seed 002 eq. (10)).
+        """SHAKE: ``s = w = 1``, trapezoidal ``L`` and ``g``, unprojected (Wenger et al. (2017),
+        eq. (10)).
 
         Its configurations are RATTLE's; its raw momentum (``state.p_raw``) is not on the
         hidden constraint."""
@@ -247,7 +256,8 @@ class GalerkinVI(AbstractIntegrator):
     # -- traits -----------------------------------------------------------------------------
     @property
     def order(self) -> int:
-        """Order of ``q`` (and of the post-processed ``p`` and ``lam``), seed 002 Tables 1-2.
+        """Order of ``q`` (and of the post-processed ``p`` and ``lam``), Wenger et al. (2017),
+        Tables 1-2.
 
         For Gauss constraint quadrature the tables give no order; the value returned is the
         one measured in ``tests/test_galerkin.py`` (2)."""
@@ -309,9 +319,10 @@ class GalerkinVI(AbstractIntegrator):
 
     # -- the discrete augmented Lagrangian -------------------------------------------------------
     def discrete_lagrangian(self, system, q0, Z, lam, h):
-        """``Lbar_d / h`` of seed 002 eq. (13) at control points ``q^nu = q0 + h Z_nu``
-        (``Z`` of shape ``(s + 1, n)``, ``Z_0 = 0``) and constraint-node multipliers ``lam``
-        (shape ``(z, m)``).  Its gradient in ``Z`` is ``(D_1 .. D_{s+1}) Lbar_d``."""
+        """``Lbar_d / h`` of Wenger et al. (2017), eq. (13), at control points
+        ``q^nu = q0 + h Z_nu`` (``Z`` of shape ``(s + 1, n)``, ``Z_0 = 0``) and constraint-node
+        multipliers ``lam`` (shape ``(z, m)``).  Its gradient in ``Z`` is
+        ``(D_1 .. D_{s+1}) Lbar_d``."""
         k = self._consts(q0.dtype)
         Q = q0 + h * (k["lc"] @ Z)
         V = k["dc"] @ Z
@@ -331,11 +342,13 @@ class GalerkinVI(AbstractIntegrator):
 
     def _shares_node_multiplier(self, system) -> bool:
         """Paper mode with Lobatto constraint nodes: the node multiplier ``lam_k^0`` is
-        shared with the previous interval (weight ``2 h e_1``; spec 002 pitfall 2)."""
+        shared with the previous interval: it enters the momentum matching with weight
+        ``2 h e_1`` (``h e_1`` at the first step), and the raw momentum lags one step."""
         return self.mode == "paper" and self._lobatto_g and isinstance(system, HolonomicSystem)
 
     def _equations(self, system, state, h, X, G0=None):
-        """Residuals of spec 002 §3.7 (scaled to O(1) blocks) and the next incoming momentum.
+        """Residuals of our one-step form of eqs. (22) of Wenger et al. (2017) (scaled to O(1)
+        blocks) and the next incoming momentum.
         ``G0 = G(q_k)``, given when :meth:`_shares_node_multiplier` (evaluated once per step,
         outside the Newton iteration)."""
         Zs, mu = X
@@ -385,7 +398,7 @@ class GalerkinVI(AbstractIntegrator):
     def step(self, system, state: GalerkinState, h):
         dtype = state.q.dtype
         k = self._consts(dtype)
-        # Predictor: the previous step's polynomial extrapolated (spec 002 §3.7).
+        # Predictor: the previous step's polynomial extrapolated.
         Zprev = state.controls
         Z0 = k["extrap"] @ Zprev - Zprev[-1]
         X0 = (Z0[1:], h * state.mults)

@@ -1,7 +1,8 @@
-"""Holonomically constrained variational PRK (spec 000 §4.3; seed 000, eq. (13)).
+"""Holonomically constrained variational PRK.
 
-The augmented Hamilton--Pontryagin action adds ``-h sum_i b_i <Lam^i, g(Q^i)>`` (sign
-convention of :mod:`vijax.constraints`), which gives, per step,
+After Martín de Diego & Sato Martín de Almagro (2022), §4.3, eq. (13).  The augmented
+Hamilton--Pontryagin action adds ``-h sum_i b_i <Lam^i, g(Q^i)>`` (sign convention of
+:mod:`vijax.constraints`), which gives, per step,
 
     Q^i = q_k + h sum_j a_ij V^j,          P^i = p_k + h sum_j â_ij W^j,
     W^i = D1L(Q^i, V^i) - G(Q^i)^T Lam^i,   P^i = D2L(Q^i, V^i),
@@ -9,7 +10,8 @@ convention of :mod:`vijax.constraints`), which gives, per step,
     0 = g(Q^i)  (i = 2..s),                 0 = G(q_{k+1}) FL^{-1}(q_{k+1}, p_{k+1}).
 
 The last equation (tangency, the hidden constraint) closes the system; all ``Lam^1..Lam^s``
-are unknowns.  The tableau must satisfy H1--H3 (spec 000 §3.3): Lobatto IIIA--IIIB, whose
+are unknowns.  The tableau must satisfy their hypotheses H1--H3 (``a_1j = 0``, ``A`` without
+its first row and column invertible, ``a_sj = b_j``): Lobatto IIIA--IIIB, whose
 ``s``-stage member has order ``2s - 2`` on the constraint manifold; ``s = 2`` is RATTLE.
 The node velocity ``v_{k+1} = FL^{-1}(q_{k+1}, p_{k+1})`` is one more unknown, so the method
 works for any regular Lagrangian.
@@ -49,21 +51,24 @@ def _check_hypotheses(pair: tb.PartitionedTableau) -> None:
     a, b = pair.q.a, pair.q.b
     problems = []
     if np.max(np.abs(a[0])) > 1e-14:
-        problems.append("H1 (a_1j = 0)")
+        problems.append("a_1j = 0")
     if np.max(np.abs(a[-1] - b)) > 1e-14:
-        problems.append("H3 (a_sj = b_j, stiffly accurate)")
+        problems.append("a_sj = b_j (stiffly accurate)")
     if a.shape[0] > 1 and abs(np.linalg.det(a[1:, 1:])) < 1e-12:
-        problems.append("H2 (a_ij, i,j >= 2, invertible)")
+        problems.append("(a_ij), i,j >= 2, invertible")
     if problems:
         raise ValueError(
-            f"Constrained VPRK needs a tableau satisfying H1-H3 (spec 000 §3.3); "
-            f"{pair.name} violates {', '.join(problems)}. Use Lobatto IIIA-IIIB: "
+            f"Constrained VPRK needs a tableau with a_1j = 0, a_sj = b_j and an invertible "
+            f"lower-right block (a_ij), i,j >= 2; {pair.name} violates {', '.join(problems)}. "
+            f"Use Lobatto IIIA-IIIB: "
             f"HolonomicVPRK.lobatto(s)."
         )
 
 
 class HolonomicVPRK(AbstractPRK):
-    """Constrained VPRK for systems with ``holonomic(q)`` (seed 000, eq. (13)).
+    """Constrained VPRK for systems with ``holonomic(q)``.
+
+    Eq. (13) of Martín de Diego & Sato Martín de Almagro (2022).
 
     Presets: :meth:`lobatto` (order ``2s - 2``), :meth:`rattle` (``s = 2``).  The stage
     system (velocities, multipliers and the node velocity) is solved by full Newton by

@@ -1,6 +1,7 @@
-"""Variational partitioned Runge--Kutta integrators (spec 000 §4.2; seed 000, Thm 4.2, eq. (9)).
+"""Variational partitioned Runge--Kutta integrators.
 
-Stationarity of the discrete Hamilton--Pontryagin action (seed 000, eq. (8)) gives, per step,
+Martín de Diego & Sato Martín de Almagro (2022), §4.2: stationarity of the discrete
+Hamilton--Pontryagin action (their eq. (8)) gives, per step (Thm 4.2, eq. (9)),
 
     Q^i = q_k + h sum_j a_ij V^j,          P^i = p_k + h sum_j â_ij W^j,
     W^i = D1L(Q^i, V^i),                    P^i = D2L(Q^i, V^i),
@@ -46,7 +47,8 @@ class VPRKState(AbstractState):
 
 def stage_values(system, a, q, h, V):
     """Stage positions ``Q^i = q + h sum_j a_ij V^j`` and ``(D1L, D2L)`` at ``(Q^i, V^i)``
-    (seed 000, eqs. (9) and (13)): the part every VPRK variant shares."""
+    (Martín de Diego & Sato Martín de Almagro (2022), eqs. (9) and (13)): the part every VPRK
+    variant shares."""
     Q = q + h * (a @ V)
     D1, D2 = jax.vmap(system.derivatives)(Q, V)
     return Q, D1, D2
@@ -93,7 +95,9 @@ class AbstractPRK(AbstractIntegrator):
 
 
 class VPRK(AbstractPRK):
-    """Variational partitioned Runge--Kutta method (seed 000, eq. (9)).
+    """Variational partitioned Runge--Kutta method.
+
+    Eq. (9) of Martín de Diego & Sato Martín de Almagro (2022).
 
     Parameters
     ----------
@@ -179,7 +183,7 @@ class VPRK(AbstractPRK):
         return jnp.asarray(extrap, dtype)
 
     def stage_residual(self, system, q, p, h, V):
-        """Residual ``D2L(Q^i, V^i) - P^i`` of seed 000 eq. (9), and the stage ``W^i``."""
+        """Residual ``D2L(Q^i, V^i) - P^i`` of eq. (9), and the stage ``W^i``."""
         a, ahat, _ = self._coefficients(q.dtype)
         _, W, D2 = stage_values(system, a, q, h, V)
         return D2 - (p + h * (ahat @ W)), W

@@ -1,10 +1,11 @@
-"""The Lie-group interface of configuration spaces (DESIGN.md, principle 3).
+"""The Lie-group interface of configuration spaces; ``R^n`` is the abelian case.
 
 Configuration spaces are Lie groups ``G`` with Lie algebra ``g`` identified with ``R^d``
 (``hat``/``vee``); ``R^n`` under addition is the abelian member every vector-space method
-lives on.  The interface carries what the Lie-group integrators of seed 000 §6 (RKMK-type
-variational PRK over a retraction ``tau``) need: the group operations, a retraction
-``tau: g -> G`` with ``tau(-xi) = tau(xi)^{-1}``, its left-trivialised tangent ``dtau`` and
+lives on.  The interface carries what the Lie-group integrators of Martín de Diego & Sato
+Martín de Almagro (2022), §6 (RKMK-type variational PRK over a retraction ``tau``) need: the
+group operations, a retraction ``tau: g -> G`` with ``tau(-xi) = tau(xi)^{-1}``, its
+left-trivialised tangent ``dtau`` and
 inverse ``dtau_inv``, and ``Ad``, ``ad``, ``ad*``.  Everything is written for a single element
 (jax.vmap for batches), in the style of jaxlie.
 """
@@ -58,7 +59,10 @@ class AbstractLieGroup(eqx.Module):
 
     # -- retraction: exp by default; groups may offer Cayley -------------------------------
     def tau(self, xi):
-        """Retraction ``tau: g -> G`` (seed 000 §6), ``tau(-xi) = tau(xi)^{-1}``."""
+        """Retraction ``tau: g -> G`` with ``tau(-xi) = tau(xi)^{-1}``.
+
+        See Martín de Diego & Sato Martín de Almagro (2022), §6.1.
+        """
         return self.exp(xi)
 
     @abc.abstractmethod

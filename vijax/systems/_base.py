@@ -1,4 +1,4 @@
-"""Mechanical systems: the Lagrangian is the only physics a user writes (DESIGN.md, principle 1).
+"""Mechanical systems: the Lagrangian is the only physics a user writes.
 
 Every derived object -- ``D1L``, ``D2L``, the Legendre map and its inverse, the velocity
 Hessian, the energy -- comes from :mod:`jax` autodiff of :meth:`LagrangianSystem.lagrangian`.

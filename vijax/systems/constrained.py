@@ -1,4 +1,7 @@
-"""Holonomically constrained systems of spec 002 §4.1 and classics, each with its invariants.
+"""Holonomically constrained systems, each with its invariants.
+
+The planar and the 3-D double pendulum are the test problems of Wenger, Ober-Blöbaum &
+Leyendecker (2017), §4; the others are classics.
 
 Sign convention of :mod:`vijax.constraints`: the augmented Lagrangian is ``L - g(q).lam``.
 """
@@ -30,7 +33,8 @@ class AbstractCartesianPendulum(PointMassSystem, HolonomicSystem):
 
 class CartesianPendulum(AbstractCartesianPendulum):
     """Pendulum in Cartesian coordinates ``q in R^d`` (any ``d``): ``g = (|q|^2 - l^2) / 2``,
-    gravity along the last axis (spec 002 §4.1 (A) for ``d = 2``)."""
+    gravity along the last axis (for ``d = 2`` the planar pendulum of Wenger, Ober-Blöbaum &
+    Leyendecker (2017), §4)."""
 
 
 class PolarPendulum(MechanicalSystem, HolonomicSystem):
@@ -63,9 +67,10 @@ class SphericalPendulum(AbstractCartesianPendulum):
 
 
 class DoublePendulum3D(MechanicalSystem, HolonomicSystem):
-    """Three-dimensional double pendulum of spec 002 eq. (69), ``q = (x1, x2) in R^6``.
+    """Three-dimensional double pendulum, ``q = (x1, x2) in R^6``.
 
-    Invariants: energy and the angular momentum about the vertical, eq. (71).
+    Lagrangian (69) of Wenger, Ober-Blöbaum & Leyendecker (2017), §4.  Invariants: energy
+    and the angular momentum about the vertical, their eq. (71).
     """
 
     m1: float = 1.0
@@ -93,13 +98,14 @@ class DoublePendulum3D(MechanicalSystem, HolonomicSystem):
                           0.5 * ((x2 - x1) @ (x2 - x1) - self.l2**2)])
 
     def angular_momentum_z(self, q, p):
-        """spec 002 eq. (71)."""
+        """Wenger, Ober-Blöbaum & Leyendecker (2017), eq. (71)."""
         return -p[0] * q[1] + p[1] * q[0] - p[3] * q[4] + p[4] * q[3]
 
     @staticmethod
     def initial_conditions(dtype=None):
-        """spec 002 §4.1 (B): x1 = (sin 0.8, 0, -cos 0.8), x2 = x1 + (0, sin 0.6, -cos 0.6),
-        velocity (0, 1, 0, 0.5, 0.3, 0.2) (project it with ``project_velocity``)."""
+        """x1 = (sin 0.8, 0, -cos 0.8), x2 = x1 + (0, sin 0.6, -cos 0.6), velocity
+        (0, 1, 0, 0.5, 0.3, 0.2) (project it with ``project_velocity``); our choice, since the
+        paper gives no initial data."""
         import numpy as np
 
         x1 = np.array([np.sin(0.8), 0.0, -np.cos(0.8)])

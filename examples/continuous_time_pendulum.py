@@ -1,16 +1,17 @@
-"""Seed 004 (Muehlebach, Heimsch & Glocker 2016): the three pendulum experiments, reproduced.
+"""Muehlebach, Heimsch & Glocker (2016), §6: the three pendulum experiments, reproduced.
 
 * 6.1 -- polar pendulum, continuous-time DG scheme (q̃ left-, p̃ right-continuous, quadratics);
 * 6.2 -- the same with the Marsden--West Galerkin VI (continuous q̃, App. B variant);
 * 6.3 -- Cartesian pendulum with the holonomic constraint |q|² = l² (constrained DG).
 
 Table I data: m = 1 kg, l = 2 m, g = 9.81 m/s², q0 = 120°, p0 = 0, T = 0.3 s, 15 s.  The
-paper's rule (spec 004 §7.2, P9): kinetic integrals exact, potential by left rectangles of
-width 1e-4 s.  The reference is scipy's DOP853 (rtol 1e-13) in the angle.
+paper's rule (§6.1; the paper does not say which point of each rectangle, and the left point
+reproduces Table II): kinetic integrals exact, potential by left rectangles of width 1e-4 s.
+The reference is scipy's DOP853 (rtol 1e-13) in the angle.
 
 Prints the paper-vs-measured table and the measured convergence orders (q and p, error at
-t = 3 s, T = 0.3 halving) of every DG scheme, writes out/spec004_summary.md and, with
-matplotlib, out/spec004_*.png.  Runs in about a minute on 2 cores.
+t = 3 s, T = 0.3 halving) of every DG scheme, writes out/continuous_time_summary.md and, with
+matplotlib, out/continuous_time_*.png.  Runs in about a minute on 2 cores.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def order_study(system, integ, t_final=3.0, counts=(10, 20, 40, 80, 160)):
 def main() -> None:
     OUT.mkdir(exist_ok=True)
     t_start = time.time()
-    lines = ["# Seed 004: continuous-time variational integrators (pendulum experiments)", ""]
+    lines = ["# Continuous-time VIs of Muehlebach et al. (2016): pendulum experiments", ""]
 
     # -- the three experiments ---------------------------------------------------------------
     runs = {
@@ -110,7 +111,7 @@ def main() -> None:
     }
     dg61, mw62, c63 = (runs["6.1 DG s=3, left rectangles"], runs["6.2 MW r=2, left rectangles"],
                        runs["6.3 constrained DG s=3"])
-    # the 1e-2 s grid of the paper's 6.1 momentum value (spec 004 P9)
+    # the 1e-2 s grid reproduces the paper's 6.1 momentum value (the paper does not define it)
     coarse = experiment(PEND, DGVI(3, RECT["left"], kinetic_quadrature=3), Q0, P0,
                         polar_reference, dt_grid=1e-2)
 
@@ -130,7 +131,7 @@ def main() -> None:
     force = np.asarray(jnp.linalg.norm(qq, axis=-1) * dpg)
 
     rows = [
-        ("6.1 RMS q (dense, grid 1e-3 s)", "1.24e-4 (see P9)", dg61["dense_q"]),
+        ("6.1 RMS q (dense, grid 1e-3 s)", "1.24e-4 (nodal?)", dg61["dense_q"]),
         ("6.1 RMS q (nodal)", "1.24e-4", dg61["nodal_q"]),
         ("6.1 RMS p (dense, grid 1e-3 s)", "1.40e-2", dg61["dense_p"]),
         ("6.1 RMS p (dense, grid 1e-2 s)", "1.40e-2", coarse["dense_p"]),
@@ -169,7 +170,7 @@ def main() -> None:
     cases = [
         ("DG s=1 (symplectic Euler)", PEND, DGVI(1), 1, default),
         ("DG s=2", PEND, DGVI(2), 3, default),
-        ("DG s=2, Gauss-2 (the PRK of §6.2)", PEND, DGVI(2, 2), 3, default),
+        ("DG s=2, Gauss-2 (the PRK of Sect. 5)", PEND, DGVI(2, 2), 3, default),
         ("DG s=3 (the 6.1 scheme, exact)", PEND, DGVI(3), 5, default),
         ("DG s=3, Gauss-3", PEND, DGVI(3, 3), 5, default),
         ("DG s=4 (round-off below T = 0.075)", PEND, DGVI(4), 7, (14, 20, 28, 40)),
@@ -196,7 +197,7 @@ def main() -> None:
 
     text = "\n".join(lines)
     print(text)
-    (OUT / "spec004_summary.md").write_text(text)
+    (OUT / "continuous_time_summary.md").write_text(text)
 
     # -- figures -----------------------------------------------------------------------------
     try:
@@ -223,7 +224,7 @@ def main() -> None:
     axes[1].set(xlabel="t [s]", ylabel="H(q_i, p_i) [J]", title="6.1 nodal energy")
     axes[1].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(OUT / "spec004_61.png", dpi=130)
+    fig.savefig(OUT / "continuous_time_61.png", dpi=130)
 
     fig, ax = plt.subplots(figsize=(8, 4))
     ts = dg61["ts"]
@@ -234,7 +235,7 @@ def main() -> None:
     ax.set(xlabel="t [s]", ylabel="momentum error", title="6.1 vs 6.2 (dense)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(OUT / "spec004_61_vs_62.png", dpi=130)
+    fig.savefig(OUT / "continuous_time_61_vs_62.png", dpi=130)
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     axes[0].plot(c63["ts"], gap_dense, lw=0.8)
@@ -245,16 +246,16 @@ def main() -> None:
     axes[1].plot(t_in.T, force.T, "C1", lw=0.8)
     axes[1].set(xlabel="t [s]", ylabel="|W| dp̃_g/dt [N]", title="6.3 rod force (dp̃_g/dt piecewise linear)")
     fig.tight_layout()
-    fig.savefig(OUT / "spec004_63.png", dpi=130)
+    fig.savefig(OUT / "continuous_time_63.png", dpi=130)
 
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for name, (hs, eq) in studies.items():
         ax.loglog(hs, eq, "o-", ms=3, label=name)
-    ax.set(xlabel="T [s]", ylabel="nodal error at t = 3 s", title="Convergence (seed 004)")
+    ax.set(xlabel="T [s]", ylabel="nodal error at t = 3 s", title="Convergence (DG and MW)")
     ax.legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(OUT / "spec004_orders.png", dpi=130)
-    print(f"figures written to {OUT}/spec004_*.png")
+    fig.savefig(OUT / "continuous_time_orders.png", dpi=130)
+    print(f"figures written to {OUT}/continuous_time_*.png")
 
 
 if __name__ == "__main__":
