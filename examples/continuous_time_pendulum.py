@@ -27,7 +27,8 @@ from scipy.integrate import solve_ivp
 jax.config.update("jax_enable_x64", True)
 
 import vijax as vj  # noqa: E402
-from vijax.integrators.dg import CGVI, DGVI, Quadrature  # noqa: E402
+from vijax.integrators.galerkin import CGVI, DGVI  # noqa: E402
+from vijax.quadrature import Quadrature  # noqa: E402
 
 OUT = pathlib.Path(__file__).resolve().parents[1] / "out"
 M, L, G = 1.0, 2.0, 9.81
@@ -64,9 +65,9 @@ def rms(e):
 
 def experiment(system, integ, q0, p0, reference, dt_grid=1e-3):
     sol = vj.simulate(system, integ, q0=q0, p0=p0, dt=T, n_steps=int(round(HORIZON / T)),
-                      throw=True)
+                      throw=True, dense=True)
     ts = np.linspace(0.0, HORIZON, int(round(HORIZON / dt_grid)) + 1)
-    d = integ.dense_output(sol.states, jnp.asarray(ts))
+    d = sol.evaluate(jnp.asarray(ts))
     q_ref, p_ref = reference(ts)
     qn_ref, pn_ref = reference(np.asarray(sol.t))
     return dict(sol=sol, ts=ts, dense=d, q_ref=q_ref, p_ref=p_ref,

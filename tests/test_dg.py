@@ -35,15 +35,15 @@ import pytest
 from scipy.optimize import fsolve
 
 import vijax as vj
-from vijax.integrators.dg import (
+from vijax.integrators.galerkin import (
     CGVI,
     DGVI,
     CGState,
     ConstrainedDGState,
     DGState,
-    Quadrature,
     dg_prk_tableau,
 )
+from vijax.quadrature import Quadrature
 
 M, L, G = 1.0, 2.0, 9.81
 PEND = vj.systems.Pendulum(m=M, l=L, g=G)
@@ -198,8 +198,8 @@ def test_parametrisation_invariance(pend_exact, basis):
     integ, ref = pend_exact
     sol = run(PEND, DGVI(3, 20, basis=basis), Q0, P0, 0.3, 50)
     ts = jnp.asarray(np.random.default_rng(0).uniform(0, 15.0, 200))
-    dref = integ.dense_output(ref.states, ts)
-    d = DGVI(3, 20, basis=basis).dense_output(sol.states, ts)
+    dref = integ.interpolation(PEND, ref.states).evaluate(ts)
+    d = DGVI(3, 20, basis=basis).interpolation(PEND, sol.states).evaluate(ts)
     for a, b in ((sol.q, ref.q), (sol.p, ref.p), (d.q, dref.q), (d.p, dref.p)):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-12 * max(1.0, float(jnp.max(abs(b)))))
 
@@ -469,7 +469,7 @@ def test_dense_output_conventions(pend_exact, pend_cg):
     eps = 1e-9
     # one call (one compilation): grid points, just after, just before, and 0.3 k exactly
     ts = np.concatenate([t_nodes, t_nodes[:-1] + eps, t_nodes[1:] - eps, 0.3 * np.arange(51)])
-    d = integ.dense_output(sol.states, jnp.asarray(ts))
+    d = integ.interpolation(PEND, sol.states).evaluate(jnp.asarray(ts))
     at, after, before, grid = np.split(np.arange(ts.size), [51, 101, 151])
     np.testing.assert_array_equal(d.q[at], sol.q)        # q̃ left-continuous: node values
     np.testing.assert_allclose(d.p[at], sol.p, atol=1e-13)  # p̃(t_i^+) = p_i (BC); p_N at the end
@@ -483,7 +483,7 @@ def test_dense_output_conventions(pend_exact, pend_cg):
     t_nodes = np.asarray(solc.t)
     inner = np.linspace(0.01, 2.99, 40)
     ts = np.concatenate([inner, t_nodes[1:-1] - eps, t_nodes[1:-1] + eps, t_nodes])
-    dc = cg.dense_output(solc.states, jnp.asarray(ts))
+    dc = cg.interpolation(PEND, solc.states).evaluate(jnp.asarray(ts))
     inner_i, left, right, at = np.split(np.arange(ts.size), [40, 49, 58])
     np.testing.assert_allclose(dc.q[left], dc.q[right], atol=1e-7)
     np.testing.assert_array_equal(dc.q[at], solc.q)

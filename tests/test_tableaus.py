@@ -1,4 +1,4 @@
-"""Tests for vijax.tableaus: Butcher tableaus, quadrature rules and order conditions.
+"""Tests for vijax.tableaus: Butcher tableaus and order conditions.
 
 References: Martín de Diego & Sato Martín de Almagro (2022), App. A (collocation tableaus,
 simplifying assumptions (43)–(45), CĈ and DD̂) and §4.3 (hypotheses H1–H3, H1′–H2′); Gauss and
@@ -345,89 +345,6 @@ def test_gauss_stability_function(s):
 
 
 # ----------------------------------------------------------------------------------------------
-# Quadrature rules on [0, 1]
-# ----------------------------------------------------------------------------------------------
-
-
-def _monomial_errors(rule, degrees):
-    x, w = rule
-    return [abs(w @ x**k - 1.0 / (k + 1)) for k in degrees]
-
-
-@pytest.mark.parametrize("n", S_RANGE)
-def test_gauss_quadrature_exactness(n):
-    rule = T.gauss_quadrature(n)
-    assert max(_monomial_errors(rule, range(2 * n))) <= 1e-14
-    assert _monomial_errors(rule, [2 * n])[0] > 1e-10
-
-
-@pytest.mark.parametrize("n", range(2, 9))
-def test_lobatto_quadrature_exactness_and_weight_formula(n):
-    x, w = rule = T.lobatto_quadrature(n)
-    assert max(_monomial_errors(rule, range(2 * n - 2))) <= 1e-14
-    assert _monomial_errors(rule, [2 * n - 2])[0] > 1e-10
-    assert x[0] == 0.0 and x[-1] == 1.0
-    assert np.array_equal(w, w[::-1])  # symmetric, bit for bit (rounded once from exact values)
-    # Closed form: weights on [−1, 1] are 2 / (n (n−1) P_{n−1}(x_i)^2); halve on [0, 1].
-    p = np.polynomial.legendre.Legendre.basis(n - 1)(2 * x - 1)
-    np.testing.assert_allclose(w, 1.0 / (n * (n - 1) * p**2), rtol=1e-14)
-
-
-def test_quadrature_closed_forms():
-    with localcontext(prec=60):
-        r5, r21 = sqrt(5), sqrt(21)
-        lob4 = [0.0, float((5 - r5) / 10), float((5 + r5) / 10), 1.0]
-        lob5 = [0.0, float((7 - r21) / 14), 0.5, float((7 + r21) / 14), 1.0]
-    expected = {
-        2: ([0.0, 1.0], F("1/2", "1/2")),
-        3: ([0.0, 0.5, 1.0], F("1/6", "2/3", "1/6")),
-        4: (lob4, F("1/12", "5/12", "5/12", "1/12")),
-        5: (lob5, F("1/20", "49/180", "16/45", "49/180", "1/20")),
-    }
-    for n, (nodes, weights) in expected.items():
-        x, w = T.lobatto_quadrature(n)
-        assert x.tolist() == nodes and w.tolist() == weights
-    x, w = T.gauss_quadrature(1)
-    assert x.tolist() == [0.5] and w.tolist() == [1.0]
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    n=st.integers(1, 8),
-    data=st.data(),
-)
-def test_gauss_quadrature_integrates_polynomials(n, data):
-    coeffs = np.array(
-        data.draw(st.lists(st.floats(-10, 10), min_size=1, max_size=2 * n)), dtype=np.float64
-    )
-    x, w = T.gauss_quadrature(n)
-    exact_integral = np.sum(coeffs / np.arange(1, coeffs.size + 1))
-    approx = w @ np.polynomial.polynomial.polyval(x, coeffs)
-    assert abs(approx - exact_integral) <= 1e-13 * (1.0 + np.sum(np.abs(coeffs)))
-
-
-# ----------------------------------------------------------------------------------------------
-# Interpolation
-# ----------------------------------------------------------------------------------------------
-
-
-def test_lagrange_extrapolation_matrix():
-    c = T.gauss(4).c
-    # On its own nodes the matrix is the identity.
-    np.testing.assert_array_equal(T.lagrange_extrapolation_matrix(c, c), np.eye(4))
-    # It reproduces polynomials of degree < number of nodes, also when extrapolating.
-    x_to = np.array([1.0, 1.3, 2.0, -0.5])
-    poly = [0.3, -1.0, 2.0, 0.7]
-    E = T.lagrange_extrapolation_matrix(c, x_to)
-    assert E.shape == (4, 4)
-    np.testing.assert_allclose(E @ np.polynomial.polynomial.polyval(c, poly),
-                               np.polynomial.polynomial.polyval(x_to, poly), rtol=1e-12)
-    np.testing.assert_allclose(E.sum(axis=1), 1.0, rtol=1e-13)
-    with pytest.raises(ValueError, match="distinct"):
-        T.lagrange_extrapolation_matrix([0.0, 0.5, 0.5], [0.2])
-
-
-# ----------------------------------------------------------------------------------------------
 # Bad input
 # ----------------------------------------------------------------------------------------------
 
@@ -441,8 +358,6 @@ def test_lagrange_extrapolation_matrix():
         (T.lobatto_iiib, 1, "at least 2 stages"),
         (T.lobatto_iiic, 1, "at least 2 stages"),
         (T.lobatto_iiia_iiib, 1, "at least 2 stages"),
-        (T.gauss_quadrature, 0, "at least 1 stage"),
-        (T.lobatto_quadrature, 1, "at least 2 stages"),
     ],
 )
 def test_too_few_stages(make, arg, minimum):

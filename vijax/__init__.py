@@ -2,12 +2,20 @@
 
 vijax never changes global JAX configuration: enable float64 yourself with
 ``jax.config.update("jax_enable_x64", True)``; the library follows the dtype of its inputs.
+
+Where things live: systems in :mod:`vijax.systems`, integrators in :mod:`vijax.integrators`
+(one module or subpackage per family), tableaus in :mod:`vijax.tableaus`, quadrature rules and
+polynomial bases in :mod:`vijax.quadrature`, dense output in :mod:`vijax.interpolation`, root
+solvers in :mod:`vijax.solvers`, holonomic-constraint tools in :mod:`vijax.constraints`,
+structure checks and order estimates in :mod:`vijax.diagnostics`.
 """
 
-from . import constraints, diagnostics, lie, solvers, systems, tableaus
-from .integrators import (CGVI, DGVI, AbstractIntegrator, AbstractState, IncompatibleSystemError, GalerkinState, GalerkinVI,
-                          HolonomicState, HolonomicVPRK, VPRK,
-                          VPRKState)
+from . import (constraints, diagnostics, integrators, interpolation, lie, quadrature, solvers,
+               systems, tableaus)
+from .integrators import (CGVI, DGVI, VPRK, AbstractDenseIntegrator, AbstractIntegrator,
+                          AbstractState, GalerkinState, GalerkinVI, HolonomicState, HolonomicVPRK,
+                          IncompatibleSystemError, VPRKState)
+from .interpolation import DenseOutput
 from .simulate import Solution, StepStats, simulate
 from .solvers import ConvergenceError
 from .systems import HolonomicSystem, LagrangianSystem, MechanicalSystem
@@ -15,9 +23,11 @@ from .systems import HolonomicSystem, LagrangianSystem, MechanicalSystem
 __version__ = "0.1.0"
 
 __all__ = [
-    "simulate", "Solution", "StepStats", "LagrangianSystem", "MechanicalSystem", "HolonomicSystem",
-    "IncompatibleSystemError",
-    "AbstractIntegrator", "AbstractState", "VPRK", "VPRKState", "HolonomicVPRK", "HolonomicState", "GalerkinVI",
-    "GalerkinState", "DGVI", "CGVI", "ConvergenceError",
-    "tableaus", "lie", "constraints", "solvers", "systems", "diagnostics",
+    "simulate", "Solution", "StepStats", "DenseOutput",
+    "LagrangianSystem", "MechanicalSystem", "HolonomicSystem",
+    "AbstractIntegrator", "AbstractDenseIntegrator", "AbstractState", "IncompatibleSystemError",
+    "VPRK", "VPRKState", "HolonomicVPRK", "HolonomicState", "GalerkinVI", "GalerkinState",
+    "DGVI", "CGVI", "ConvergenceError",
+    "tableaus", "quadrature", "interpolation", "lie", "constraints", "solvers", "systems",
+    "integrators", "diagnostics",
 ]

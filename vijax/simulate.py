@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from .integrators._base import AbstractIntegrator
+from .integrators._base import AbstractDenseIntegrator, AbstractIntegrator
+from .interpolation import DenseInterpolation, DenseOutput
 from .solvers import ConvergenceError
 
 __all__ = ["simulate", "Solution", "StepStats"]
@@ -52,10 +53,20 @@ class Solution(eqx.Module):
     stats: StepStats
     states: Any
     n_steps: int = eqx.field(static=True)
+    interpolation: Optional[DenseInterpolation] = None
 
     @property
     def final_state(self):
         return jax.tree_util.tree_map(lambda x: x[-1], self.states)
+
+    def evaluate(self, t, derivative: bool = False) -> DenseOutput:
+        """Dense output at the times ``t`` (scalar or 1-D): ``q``, ``p`` and, where the method
+        defines them, ``v`` and ``pg``, from the polynomials the method solved for on each step
+        (:mod:`vijax.interpolation`).  Needs ``simulate(..., dense=True)``."""
+        if self.interpolation is None:
+            raise ValueError("this Solution has no dense output: run simulate(..., dense=True) "
+                             "with an integrator that has it (a vijax.AbstractDenseIntegrator).")
+        return self.interpolation.evaluate(t, derivative)
 
     @property
     def mean_iterations(self):
@@ -141,14 +152,18 @@ def _check_compatible(system, integrator) -> None:
 
 
 @eqx.filter_jit
-def _run(system, integrator, q0, v0, t0, dt, n_saves: int, save_every: int):
+def _run(system, integrator, q0, v0, t0, dt, n_saves: int, save_every: int, dense: bool):
     state0 = integrator.init(system, t0, q0, v0)
 
     # Statistics are reduced in the carry, not stacked per step: long runs store only what
     # is saved.
     def one_step(carry, k):
         state, agg = carry
+        prev = state
         state, st = integrator.step(system, state, dt)
+        # dense output: the step's polynomials at their nodes and the new node values
+        rec = ((integrator.dense_interval(system, prev, state, dt),
+                integrator.dense_knots(system, state)) if dense else None)
         agg = StepStats(
             iterations=agg.iterations + st.iterations,
             max_iterations=jnp.maximum(agg.max_iterations, st.iterations),
@@ -156,7 +171,7 @@ def _run(system, integrator, q0, v0, t0, dt, n_saves: int, save_every: int):
             converged=agg.converged & st.converged,
             failed_step=jnp.where((agg.failed_step < 0) & ~st.converged, k, agg.failed_step),
         )
-        return (state, agg), None
+        return (state, agg), rec
 
     def block(state, j):
         agg0 = StepStats(iterations=jnp.asarray(0, jnp.int32),
@@ -164,15 +179,23 @@ def _run(system, integrator, q0, v0, t0, dt, n_saves: int, save_every: int):
                          residual=jnp.zeros((), q0.dtype), converged=jnp.asarray(True),
                          failed_step=jnp.asarray(-1, jnp.int32))
         ks = (j * save_every + jnp.arange(save_every)).astype(jnp.int32)
-        (state, agg), _ = jax.lax.scan(one_step, (state, agg0), ks)
-        return state, (state, agg)
+        (state, agg), recs = jax.lax.scan(one_step, (state, agg0), ks)
+        return state, (state, agg, recs)
 
-    _, (states, stats) = jax.lax.scan(block, state0, jnp.arange(n_saves))
+    _, (states, stats, recs) = jax.lax.scan(block, state0, jnp.arange(n_saves))
     states = jax.tree_util.tree_map(
         lambda a, b: jnp.concatenate([a[None], b]), state0, states)
     v = jax.vmap(lambda s: integrator.velocity(system, s))(states)
     t = t0 + dt * jnp.arange(n_saves + 1, dtype=q0.dtype) * save_every
-    return t, states, v, stats
+    interp = None
+    if dense:
+        flat = lambda x: x.reshape((n_saves * save_every,) + x.shape[2:])  # noqa: E731
+        values, knots = jax.tree_util.tree_map(flat, recs)
+        knots = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a[None], b]),
+                                       integrator.dense_knots(system, state0), knots)
+        ts = t0 + dt * jnp.arange(n_saves * save_every + 1, dtype=q0.dtype)
+        interp = DenseInterpolation.build(integrator.dense_layout(system), ts, values, knots)
+    return t, states, v, stats, interp
 
 
 def simulate(
@@ -185,11 +208,16 @@ def simulate(
     dt,
     n_steps: int,
     save_every: int = 1,
+    dense: bool = False,
     t0=0.0,
     throw: bool = False,
     project: bool = False,
 ) -> Solution:
     """Integrate ``system`` with ``integrator`` for ``n_steps`` steps of size ``dt``.
+
+    With ``dense=True`` (collocation and Galerkin methods) the solution also carries the
+    polynomials of every step, whatever ``save_every``: ``sol.evaluate(t)`` gives ``q``,
+    ``p`` (and ``v``, ``pg`` where defined) at any time.
 
     Give the initial velocity ``v0`` or the initial momentum ``p0`` (exactly one).  States
     are saved every ``save_every`` steps (``n_steps`` must be a multiple); only saved states
@@ -241,10 +269,13 @@ def simulate(
     system = jax.tree_util.tree_map(
         lambda x: jnp.asarray(x, dtype) if isinstance(x, float) else x, system)
 
-    t, states, v, stats = _run(system, integrator, q0, v0, t0, dt, n_steps // save_every,
-                               save_every)
+    if dense and not isinstance(integrator, AbstractDenseIntegrator):
+        raise ValueError(f"{integrator.name} has no dense output; drop dense=True or use a "
+                         f"collocation or Galerkin method (a vijax.AbstractDenseIntegrator).")
+    t, states, v, stats, interp = _run(system, integrator, q0, v0, t0, dt,
+                                       n_steps // save_every, save_every, bool(dense))
     sol = Solution(t=t, q=states.q, v=v, p=states.p, stats=stats, states=states,
-                   n_steps=n_steps)
+                   n_steps=n_steps, interpolation=interp)
     if throw:
         ok = stats.converged
         if _is_traced(ok):

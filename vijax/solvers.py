@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import Any, ClassVar, Optional
+from typing import ClassVar, Optional
 
 import equinox as eqx
 import jax

@@ -1,4 +1,6 @@
-"""Butcher tableaus, quadrature rules, symplectic-conjugate pairs and order-condition checks.
+"""Butcher tableaus, symplectic-conjugate pairs and order-condition checks.
+
+Quadrature rules and Lagrange interpolation matrices live in :mod:`vijax.quadrature`.
 
 Tableaus are *computed, not typed in*. Each family is generated from its
 nodes in extended precision -- Python's ``decimal`` with at least 50 significant digits, exact
@@ -45,8 +47,6 @@ __all__ = [
     "symplectic_conjugate",
     "symplectic_pair",
     "lobatto_iiia_iiib",
-    "gauss_quadrature",
-    "lobatto_quadrature",
     "residual_B",
     "residual_C",
     "residual_D",
@@ -56,8 +56,23 @@ __all__ = [
     "simplifying_orders",
     "stability_function",
     "stability_at_infinity",
-    "lagrange_extrapolation_matrix",
 ]
+
+#: Moved to :mod:`vijax.quadrature`; still importable from here, with a DeprecationWarning.
+_MOVED = ("gauss_quadrature", "lobatto_quadrature", "lagrange_extrapolation_matrix",
+          "lagrange_derivative_matrix")
+
+
+def __getattr__(name):
+    if name in _MOVED:
+        import warnings
+
+        from . import quadrature
+
+        warnings.warn(f"vijax.tableaus.{name} moved to vijax.quadrature.{name}",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(quadrature, name)
+    raise AttributeError(f"module 'vijax.tableaus' has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -510,31 +525,6 @@ def lobatto_iiia_iiib(s: int) -> PartitionedTableau:
 
 
 # --------------------------------------------------------------------------------------------
-# Quadrature rules on [0, 1]
-# --------------------------------------------------------------------------------------------
-
-
-def gauss_quadrature(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(nodes, weights)`` of the n-point Gauss–Legendre rule on [0, 1].
-
-    The rule has order 2n, so it is exact for degree ≤ 2n − 1. The nodes and weights are those of
-    `gauss` (n), computed in extended precision.
-    """
-    t = _gauss(_check_stages(n, 1, "gauss_quadrature"))
-    return t.c, t.b
-
-
-def lobatto_quadrature(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(nodes, weights)`` of the n-point Gauss–Lobatto rule on [0, 1], n ≥ 2.
-
-    The nodes include 0 and 1. The rule has order 2n − 2, so it is exact for degree ≤ 2n − 3.
-    The weights equal ``1 / (n (n − 1) P_{n−1}(2x_i − 1)²)``.
-    """
-    t = _lobatto_iiia(_check_stages(n, 2, "lobatto_quadrature"))
-    return t.c, t.b
-
-
-# --------------------------------------------------------------------------------------------
 # Order conditions B, C, D: Martín de Diego & Sato Martín de Almagro (2022), eqs. (43)–(45)
 # --------------------------------------------------------------------------------------------
 
@@ -677,50 +667,3 @@ def stability_at_infinity(t: ButcherTableau) -> float:
     if max(laurent_negative) > 1e-8 * max(1.0, float(np.abs(g).max())):
         return float("inf")
     return float(1.0 - np.mean(g).real)
-
-
-# --------------------------------------------------------------------------------------------
-# Interpolation
-# --------------------------------------------------------------------------------------------
-
-
-def lagrange_extrapolation_matrix(nodes_from, nodes_to) -> np.ndarray:
-    """``E[i, j] = l_j(nodes_to[i])``, where ``l_j`` is the Lagrange basis on ``nodes_from``.
-
-    ``E @ values_at(nodes_from)`` evaluates the interpolating polynomial at ``nodes_to``. Use it,
-    for example, for stage predictors from the previous step's continuous output (the
-    collocation polynomial of Martín de Diego & Sato Martín de Almagro (2022), App. A.1).
-    """
-    xf = np.asarray(nodes_from, dtype=np.float64)
-    xt = np.asarray(nodes_to, dtype=np.float64)
-    if xf.ndim != 1 or xf.size == 0 or xt.ndim != 1:
-        raise ValueError(
-            f"nodes must be 1-D (nodes_from non-empty); got shapes {xf.shape} and {xt.shape}"
-        )
-    n = xf.size
-    diff = xf[:, None] - xf[None, :] + np.eye(n)  # diagonal set to 1
-    if np.any(diff == 0.0):
-        raise ValueError(f"nodes_from must be distinct; got {xf}")
-    num = np.broadcast_to((xt[:, None] - xf[None, :])[:, None, :], (xt.size, n, n)).copy()
-    num[:, np.arange(n), np.arange(n)] = 1.0
-    return np.prod(num, axis=-1) / np.prod(diff, axis=-1)[None, :]
-
-
-def lagrange_derivative_matrix(nodes_from, nodes_to) -> np.ndarray:
-    """``D[i, j] = l_j'(nodes_to[i])`` for the Lagrange basis ``l_j`` on ``nodes_from``.
-
-    Built from the barycentric differentiation matrix at the nodes (stable for any distinct
-    nodes) and interpolated to ``nodes_to``: ``l_j'`` has degree ``n - 2``, so it equals its
-    interpolant on the ``n`` nodes.
-    """
-    xf = np.asarray(nodes_from, dtype=np.float64)
-    n = xf.size
-    if n == 1:
-        return np.zeros((np.asarray(nodes_to).size, 1))
-    diff = xf[:, None] - xf[None, :] + np.eye(n)
-    w = 1.0 / np.prod(diff, axis=1)  # barycentric weights
-    with np.errstate(divide="ignore"):
-        d = (w[None, :] / w[:, None]) / (xf[:, None] - xf[None, :] + np.eye(n))
-    np.fill_diagonal(d, 0.0)
-    np.fill_diagonal(d, -d.sum(axis=1))
-    return lagrange_extrapolation_matrix(xf, nodes_to) @ d

@@ -1,12 +1,40 @@
-"""Integrators, one module per method family."""
+"""Integrators, one module (or subpackage) per method family.
 
-from ._base import (AbstractIntegrator, AbstractState, IncompatibleSystemError, accepting,
-                    registry)
+* ``vprk.py`` -- :class:`VPRK`, variational partitioned Runge--Kutta methods;
+* ``holonomic.py`` -- :class:`HolonomicVPRK`, constrained Lobatto IIIA--IIIB (RATTLE);
+* ``galerkin/`` -- :class:`GalerkinVI`, :class:`DGVI`, :class:`CGVI`, the Galerkin-type
+  variational integrators.
+
+The contract every family implements is in ``_base.py``; the method table is generated from
+the families' traits (``_table.py``).
+"""
+
+from ._base import (
+                    AbstractDenseIntegrator,
+                    AbstractIntegrator,
+                    AbstractState,
+                    IncompatibleSystemError,
+                    accepting,
+                    registry,
+)
 from ._table import method_table, presets
-from .vprk import VPRK, VPRKState  # noqa: I001 - import order is the method-table order
+from .galerkin import (
+                    CGVI,
+                    DGVI,
+                    AbstractContinuousTimeVI,
+                    CGState,
+                    ConstrainedDGState,
+                    DGState,
+                    GalerkinState,
+                    GalerkinVI,
+                    dg_prk_tableau,
+                    dg_prk_tableau_formula,
+)
 from .holonomic import HolonomicState, HolonomicVPRK
-from .galerkin import GalerkinState, GalerkinVI
-from .dg import CGVI, DGVI, CGState, ConstrainedDGState, DGState
+from .vprk import VPRK, AbstractPRK, VPRKState  # noqa: I001 - import order is the table order
 
-__all__ = ["AbstractIntegrator", "AbstractState", "IncompatibleSystemError", "registry", "accepting", "VPRK", "VPRKState", "HolonomicVPRK", "HolonomicState", "GalerkinVI", "GalerkinState",
-           "DGVI", "DGState", "ConstrainedDGState", "CGVI", "CGState", "method_table", "presets"]
+__all__ = ["AbstractIntegrator", "AbstractDenseIntegrator", "AbstractState",
+           "IncompatibleSystemError", "registry", "accepting", "AbstractPRK", "VPRK", "VPRKState",
+           "HolonomicVPRK", "HolonomicState", "GalerkinVI", "GalerkinState",
+           "AbstractContinuousTimeVI", "DGVI", "DGState", "ConstrainedDGState", "CGVI", "CGState",
+           "dg_prk_tableau", "dg_prk_tableau_formula", "method_table", "presets"]

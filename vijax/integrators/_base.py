@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import abc
 import inspect
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 import equinox as eqx
+import jax
 from jaxtyping import Array, Float
 
+from .._typing import DenseLayout, ScalarLike, Stages, Vector
+from ..interpolation import DenseInterpolation
 from ..solvers import SolverStats
 from ..systems import LagrangianSystem, capabilities
 
-__all__ = ["AbstractIntegrator", "AbstractState", "IncompatibleSystemError", "registry",
-           "accepting"]
+__all__ = ["AbstractIntegrator", "AbstractDenseIntegrator", "AbstractState",
+           "IncompatibleSystemError", "registry", "accepting"]
 
 
 class IncompatibleSystemError(TypeError, ValueError):
@@ -74,19 +77,19 @@ class AbstractIntegrator(eqx.Module):
         return type(self).__name__
 
     @classmethod
-    def presets(cls) -> list[tuple[str, "AbstractIntegrator"]]:
+    def presets(cls) -> list[tuple[str, AbstractIntegrator]]:
         """The named presets of this family, as ``(constructor call, integrator)`` pairs."""
         return []
 
     # -- what the method accepts -------------------------------------------------------------
-    def accepts(self, system) -> bool:
+    def accepts(self, system: object) -> bool:
         """Whether this method integrates ``system`` (its type and declared capabilities)."""
         if not isinstance(system, self.system_type):
             return False
         caps = capabilities(system)
         return self.required <= caps <= self.supported
 
-    def check_system(self, system) -> None:
+    def check_system(self, system: object) -> None:
         """Raise :class:`IncompatibleSystemError` naming why and the methods that accept it."""
         if self.accepts(system):
             return
@@ -106,27 +109,70 @@ class AbstractIntegrator(eqx.Module):
                              f"support")
             if missing:
                 parts.append(f"{self.name} needs a {', '.join(missing)}, which {sysname} is not")
-            why = "; ".join(parts)
+            why = "; ".join(parts) or f"{self.name} does not accept {sysname}"
         others = accepting(system)
         fix = (f"Methods that accept it: {', '.join(others)}." if others else
                "No vijax method accepts this combination of capabilities.")
         raise IncompatibleSystemError(f"{why}. {fix}")
 
-    def check_initial(self, system, q0, v0, tol: float) -> None:
+    def check_initial(self, system: LagrangianSystem, q0: Vector, v0: Vector, tol: float
+                      ) -> None:
         """Refuse inconsistent initial data (concrete values only); nothing by default."""
 
     # -- stepping -----------------------------------------------------------------------------
     @abc.abstractmethod
-    def init(self, system, t0, q0, v0) -> AbstractState:
+    def init(self, system: LagrangianSystem, t0: ScalarLike, q0: Vector, v0: Vector) -> AbstractState:
         """State at ``t0`` from a consistent ``(q0, v0)``."""
 
     @abc.abstractmethod
-    def step(self, system, state: AbstractState, h) -> tuple[AbstractState, SolverStats]:
+    def step(self, system: LagrangianSystem, state: AbstractState, h: ScalarLike
+             ) -> tuple[AbstractState, SolverStats]:
         """Advance one step of size ``h``; returns the new state and the solve statistics."""
 
     @abc.abstractmethod
-    def velocity(self, system, state: AbstractState) -> Float[Array, " n"]:
+    def velocity(self, system: LagrangianSystem, state: AbstractState) -> Vector:
         """The velocity ``v`` at the state's node (through the inverse Legendre map)."""
+
+
+class AbstractDenseIntegrator(AbstractIntegrator):
+    """An integrator whose step defines polynomials in time over the step (collocation and
+    Galerkin methods): it has dense output, ``simulate(..., dense=True)`` and
+    :meth:`vijax.Solution.evaluate` (the interpolation classes of :mod:`vijax.interpolation`).
+
+    A family implements three methods: which variables it interpolates at which nodes
+    (:meth:`dense_layout`), their node values at a state (:meth:`dense_knots`) and the values of
+    one step's polynomials at the nodes (:meth:`dense_interval`).
+    """
+
+    @abc.abstractmethod
+    def dense_layout(self, system: LagrangianSystem) -> DenseLayout:
+        """``name -> (nodes, side, pinned)``: the static nodes on ``[0, 1]`` at which
+        :meth:`dense_interval` gives each variable's polynomial, what is returned at a grid
+        point (``"node"`` or ``"right"``, :data:`vijax.interpolation.SIDES`) and whether the
+        polynomial takes the node values at ``τ = 0, 1``."""
+
+    @abc.abstractmethod
+    def dense_knots(self, system: LagrangianSystem, state: AbstractState
+                    ) -> dict[str, Vector]:
+        """Node values at ``state`` (``name -> (n,)``) of the variables that have them."""
+
+    @abc.abstractmethod
+    def dense_interval(self, system: LagrangianSystem, prev: AbstractState,
+                       new: AbstractState, h: ScalarLike) -> dict[str, Stages]:
+        """``name -> (k, n)``: the polynomials of the step ``prev -> new`` at the layout's
+        nodes."""
+
+    def interpolation(self, system: LagrangianSystem, states: AbstractState,
+                      h: Optional[ScalarLike] = None) -> DenseInterpolation:
+        """Dense output from states saved at every step (``simulate(..., save_every=1)``);
+        ``h`` is the step size (default: the differences of ``states.t``).  ``simulate(...,
+        dense=True)`` builds the same object during the run, whatever ``save_every``."""
+        prev = jax.tree_util.tree_map(lambda x: x[:-1], states)
+        new = jax.tree_util.tree_map(lambda x: x[1:], states)
+        hs = new.t - prev.t if h is None else jax.numpy.broadcast_to(h, new.t.shape)
+        values = jax.vmap(lambda a, b, hk: self.dense_interval(system, a, b, hk))(prev, new, hs)
+        knots = jax.vmap(lambda st: self.dense_knots(system, st))(states)
+        return DenseInterpolation.build(self.dense_layout(system), states.t, values, knots)
 
 
 def _concrete_subclasses(cls: type) -> list[type]:
@@ -139,9 +185,11 @@ def _concrete_subclasses(cls: type) -> list[type]:
 
 
 def registry() -> list[tuple[str, AbstractIntegrator]]:
-    """Every preset of every integrator family, generated from the classes themselves (each
-    concrete :class:`AbstractIntegrator` with :meth:`~AbstractIntegrator.presets`)."""
-    return [pair for cls in _concrete_subclasses(AbstractIntegrator) for pair in cls.presets()]
+    """Every preset of every integrator family, generated from the classes themselves: each
+    concrete :class:`AbstractIntegrator` that defines :meth:`~AbstractIntegrator.presets`
+    (a subclass that only inherits them is not a family of its own)."""
+    return [pair for cls in _concrete_subclasses(AbstractIntegrator)
+            if "presets" in vars(cls) for pair in cls.presets()]
 
 
 def accepting(system) -> list[str]:

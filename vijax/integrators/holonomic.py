@@ -26,9 +26,10 @@ from jaxtyping import Array, Float
 
 from .. import constraints as cons
 from .. import tableaus as tb
-from ..solvers import AbstractRootSolver, Newton
-from ..systems import HolonomicSystem
-from ._base import AbstractState
+from .._typing import ScalarLike, Vector
+from ..solvers import AbstractRootSolver, Newton, SolverStats
+from ..systems import HolonomicSystem, LagrangianSystem
+from ._base import AbstractIntegrator, AbstractState
 from .vprk import VPRK, AbstractPRK, stage_values
 
 __all__ = ["HolonomicVPRK", "HolonomicState"]
@@ -99,7 +100,7 @@ class HolonomicVPRK(AbstractPRK):
         return cls(tb.lobatto_iiia_iiib(2), **kwargs)
 
     @classmethod
-    def presets(cls):
+    def presets(cls) -> list[tuple[str, AbstractIntegrator]]:
         return [("HolonomicVPRK.rattle()", cls.rattle())] + [
             (f"HolonomicVPRK.lobatto({s})", cls.lobatto(s)) for s in (3, 4, 5)]
 
@@ -107,10 +108,11 @@ class HolonomicVPRK(AbstractPRK):
     def name(self) -> str:
         return "RATTLE" if self.stages == 2 else f"HolonomicVPRK[{self.tableau.name}]"
 
-    def check_initial(self, system, q0, v0, tol):
+    def check_initial(self, system: LagrangianSystem, q0: Vector, v0: Vector, tol: float
+                      ) -> None:
         cons.check_consistent(system, q0, v0, tol)
 
-    def init(self, system, t0, q0, v0) -> HolonomicState:
+    def init(self, system: LagrangianSystem, t0: ScalarLike, q0: Vector, v0: Vector) -> HolonomicState:
         lam0 = cons.multiplier(system, q0, v0)
         s = self.stages
         return HolonomicState(
@@ -135,7 +137,8 @@ class HolonomicVPRK(AbstractPRK):
                cons.constraint_jacobian(system, q1) @ v1)
         return res, p1
 
-    def step(self, system, state: HolonomicState, h):
+    def step(self, system: LagrangianSystem, state: HolonomicState, h: ScalarLike
+             ) -> tuple[HolonomicState, SolverStats]:
         q, p = state.q, state.p
         X0 = (state.stages, h * state.lams, state.v)
         # p_{k+1} from the last residual evaluation: no evaluation after the solve.
@@ -148,5 +151,5 @@ class HolonomicVPRK(AbstractPRK):
                              lams=lams)
         return new, stats
 
-    def velocity(self, system, state: HolonomicState):
+    def velocity(self, system: LagrangianSystem, state: HolonomicState) -> Vector:
         return state.v

@@ -25,9 +25,11 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .. import tableaus as tb
-from ..solvers import AbstractRootSolver, FixedPoint
-from ..systems import MechanicalSystem
-from ._base import AbstractIntegrator, AbstractState
+from .._typing import DenseLayout, ScalarLike, Stages, Vector
+from ..quadrature import integration_matrix, lagrange_extrapolation_matrix, lobatto_quadrature
+from ..solvers import AbstractRootSolver, FixedPoint, SolverStats
+from ..systems import LagrangianSystem, MechanicalSystem
+from ._base import AbstractDenseIntegrator, AbstractIntegrator, AbstractState
 
 __all__ = ["AbstractPRK", "VPRK", "VPRKState", "stage_values"]
 
@@ -73,9 +75,17 @@ def _as_pair(tableau) -> tb.PartitionedTableau:
     )
 
 
-class AbstractPRK(AbstractIntegrator):
+class AbstractPRK(AbstractDenseIntegrator):
     """Shared traits of the partitioned Runge--Kutta families (VPRK and its constrained
-    variants): a symplectic-conjugate tableau pair and a root solver."""
+    variants): a symplectic-conjugate tableau pair, a root solver, and dense output from the
+    collocation polynomial of the stage velocities.
+
+    Dense output: when the ``q``-tableau is a collocation method (``a_ij = ∫_0^{c_i} l_j``:
+    Gauss, Lobatto IIIA), ``q(t_k + τh) = q_k + h Σ_j (∫_0^τ l_j) V^j`` is the step's
+    collocation polynomial (degree ``s``; it passes through every stage ``Q^i`` and through
+    ``q_{k+1}``), ``v`` is ``Σ_j l_j(τ) V^j`` and ``p`` the Legendre map of both, the last two
+    taking the node values at the grid points.  States carry the stage velocities
+    (``stages``) of the step that ended at them."""
 
     tableau: eqx.AbstractVar[tb.PartitionedTableau]
     solver: eqx.AbstractVar[AbstractRootSolver]
@@ -92,6 +102,36 @@ class AbstractPRK(AbstractIntegrator):
         """``(a, â, b)`` cast to the working dtype (constants in compiled code)."""
         q, p = self.tableau.q, self.tableau.p
         return tuple(jnp.asarray(x, dtype) for x in (q.a, p.a, q.b))
+
+    # -- dense output ----------------------------------------------------------------------
+    def _dense_nodes(self) -> np.ndarray:
+        tq = self.tableau.q
+        c = np.asarray(tq.c)
+        if len(set(tq.c_)) < tq.stages or not np.allclose(integration_matrix(c, c), tq.a,
+                                                          atol=1e-12):
+            raise ValueError(
+                f"dense output needs a collocation q-tableau (distinct nodes c and "
+                f"a_ij = ∫_0^(c_i) l_j, as Gauss and Lobatto IIIA); {self.tableau.name} is not "
+                f"one. Use simulate(..., dense=False) or a Gauss/Lobatto preset.")
+        return lobatto_quadrature(self.stages + 1)[0]
+
+    def dense_layout(self, system: LagrangianSystem) -> DenseLayout:
+        nodes = tuple(float(x) for x in self._dense_nodes())
+        return {name: (nodes, "node", True) for name in ("q", "v", "p")}
+
+    def dense_knots(self, system: LagrangianSystem, state: AbstractState
+                    ) -> dict[str, Vector]:
+        return {"q": state.q, "v": self.velocity(system, state), "p": state.p}
+
+    def dense_interval(self, system: LagrangianSystem, prev: AbstractState,
+                       new: AbstractState, h: ScalarLike) -> dict[str, Stages]:
+        c = np.asarray(self.tableau.q.c)
+        nodes = self._dense_nodes()
+        V = new.stages
+        dtype = V.dtype
+        q = prev.q + h * (jnp.asarray(integration_matrix(c, nodes), dtype) @ V)
+        v = jnp.asarray(lagrange_extrapolation_matrix(c, nodes), dtype) @ V
+        return {"q": q, "v": v, "p": jax.vmap(system.momentum)(q, v)}
 
 
 class VPRK(AbstractPRK):
@@ -155,7 +195,7 @@ class VPRK(AbstractPRK):
         return cls(tb.lobatto_iiia_iiib(2), **kwargs)
 
     @classmethod
-    def presets(cls):
+    def presets(cls) -> list[tuple[str, AbstractIntegrator]]:
         out = [("VPRK.midpoint()", cls.midpoint()), ("VPRK.stormer_verlet()", cls.stormer_verlet())]
         out += [(f"VPRK.gauss({s})", cls.gauss(s)) for s in (1, 2, 3, 4)]
         return out + [(f"VPRK.lobatto({s})", cls.lobatto(s)) for s in (2, 3, 4, 5)]
@@ -165,7 +205,7 @@ class VPRK(AbstractPRK):
         return f"VPRK[{self.tableau.name}]"
 
     # -- stepping ---------------------------------------------------------------------------
-    def init(self, system, t0, q0, v0) -> VPRKState:
+    def init(self, system: LagrangianSystem, t0: ScalarLike, q0: Vector, v0: Vector) -> VPRKState:
         p0 = system.momentum(q0, v0)
         stages = jnp.broadcast_to(v0, (self.stages,) + v0.shape)
         forces = jnp.broadcast_to(system.d1_lagrangian(q0, v0), (self.stages,) + v0.shape)
@@ -176,19 +216,21 @@ class VPRK(AbstractPRK):
         s = self.stages
         if self.predictor == "extrapolate":
             c = np.asarray(self.tableau.q.c)
-            extrap = tb.lagrange_extrapolation_matrix(c, 1.0 + c)
+            extrap = lagrange_extrapolation_matrix(c, 1.0 + c)
         else:
             extrap = np.zeros((s, s))
             extrap[:, -1] = 1.0
         return jnp.asarray(extrap, dtype)
 
-    def stage_residual(self, system, q, p, h, V):
+    def stage_residual(self, system: LagrangianSystem, q: Vector, p: Vector, h: ScalarLike,
+                       V: Stages) -> tuple[Stages, Stages]:
         """Residual ``D2L(Q^i, V^i) - P^i`` of eq. (9), and the stage ``W^i``."""
         a, ahat, _ = self._coefficients(q.dtype)
         _, W, D2 = stage_values(system, a, q, h, V)
         return D2 - (p + h * (ahat @ W)), W
 
-    def step(self, system, state: VPRKState, h):
+    def step(self, system: LagrangianSystem, state: VPRKState, h: ScalarLike
+             ) -> tuple[VPRKState, SolverStats]:
         q, p = state.q, state.p
         a, ahat, b = self._coefficients(q.dtype)
         extrap = self._extrapolation(q.dtype)
@@ -242,8 +284,8 @@ class VPRK(AbstractPRK):
                         forces=W)
         return new, stats
 
-    def velocity(self, system, state: VPRKState):
+    def velocity(self, system: LagrangianSystem, state: VPRKState) -> Vector:
         c = np.asarray(self.tableau.q.c)
-        to_end = jnp.asarray(tb.lagrange_extrapolation_matrix(c, np.ones(1)), state.q.dtype)
+        to_end = jnp.asarray(lagrange_extrapolation_matrix(c, np.ones(1)), state.q.dtype)
         guess = (to_end @ state.stages)[0] if self.predictor == "extrapolate" else state.stages[-1]
         return system.velocity(state.q, state.p, guess)

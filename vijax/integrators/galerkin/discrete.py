@@ -47,11 +47,17 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .. import constraints as cons
-from .. import tableaus as tb
-from ..solvers import AbstractRootSolver, Newton
-from ..systems import HolonomicSystem
-from ._base import AbstractIntegrator, AbstractState
+from ... import constraints as cons
+from ..._typing import DenseLayout, ScalarLike, Stages, Vector
+from ...quadrature import (
+    gauss_quadrature,
+    lagrange_derivative_matrix,
+    lagrange_extrapolation_matrix,
+    lobatto_quadrature,
+)
+from ...solvers import AbstractRootSolver, Newton, SolverStats
+from ...systems import HolonomicSystem, LagrangianSystem
+from .._base import AbstractDenseIntegrator, AbstractIntegrator, AbstractState
 
 __all__ = ["GalerkinState", "GalerkinVI"]
 
@@ -91,7 +97,7 @@ def _q_order(s: int, w: int, ordL: int) -> int:
     return max(2, min(2 * s, ordL, 2 * w) - 2 * max(0, s - w - 1))
 
 
-class GalerkinVI(AbstractIntegrator):
+class GalerkinVI(AbstractDenseIntegrator):
     """Constrained Galerkin variational integrator ``(s, w, ordL, ordZ)``.
 
     Wenger, Ober-Blöbaum & Leyendecker (2017); theorem and equation numbers below are theirs.
@@ -248,7 +254,7 @@ class GalerkinVI(AbstractIntegrator):
         return cls(1, 1, quadrature="lobatto", ordL=2, mode="paper", **kwargs)
 
     @classmethod
-    def presets(cls):
+    def presets(cls) -> list[tuple[str, AbstractIntegrator]]:
         out = [(f"GalerkinVI.gauss({s})", cls.gauss(s)) for s in (1, 2, 3, 4)]
         out += [(f"GalerkinVI.lobatto({s})", cls.lobatto(s)) for s in (2, 3, 4)]
         return out + [("GalerkinVI.rattle()", cls.rattle()), ("GalerkinVI.shake()", cls.shake())]
@@ -289,21 +295,21 @@ class GalerkinVI(AbstractIntegrator):
         constraint rule ``(f, e)`` and the basis at the nodes (values and derivatives)."""
         s = self.s
         if self.control_points == "lobatto":
-            d = tb.lobatto_quadrature(s + 1)[0] if s >= 1 else np.zeros(1)
+            d = lobatto_quadrature(s + 1)[0] if s >= 1 else np.zeros(1)
         else:
             d = np.linspace(0.0, 1.0, s + 1)
         r = self.lagrangian_nodes
-        c, b = tb.gauss_quadrature(r) if self.quadrature == "gauss" else tb.lobatto_quadrature(r)
+        c, b = gauss_quadrature(r) if self.quadrature == "gauss" else lobatto_quadrature(r)
         if self.constraint_quadrature == "lobatto":
-            f, e = tb.lobatto_quadrature(self.w + 1)
+            f, e = lobatto_quadrature(self.w + 1)
         else:
-            f, e = tb.gauss_quadrature(self.w - 1)
+            f, e = gauss_quadrature(self.w - 1)
         return dict(
             d=d, b=b, e=e,
-            lc=tb.lagrange_extrapolation_matrix(d, c), dc=tb.lagrange_derivative_matrix(d, c),
-            lf=tb.lagrange_extrapolation_matrix(d, f),
-            d1=tb.lagrange_derivative_matrix(d, np.ones(1))[0],
-            extrap=tb.lagrange_extrapolation_matrix(d, 1.0 + d),
+            lc=lagrange_extrapolation_matrix(d, c), dc=lagrange_derivative_matrix(d, c),
+            lf=lagrange_extrapolation_matrix(d, f),
+            d1=lagrange_derivative_matrix(d, np.ones(1))[0], dd=lagrange_derivative_matrix(d, d),
+            extrap=lagrange_extrapolation_matrix(d, 1.0 + d),
         )
 
     def _consts(self, dtype):
@@ -376,7 +382,8 @@ class GalerkinVI(AbstractIntegrator):
         return rows, grad[self.s]
 
     # -- the integrator contract ------------------------------------------------------------------
-    def check_initial(self, system, q0, v0, tol):
+    def check_initial(self, system: LagrangianSystem, q0: Vector, v0: Vector, tol: float
+                      ) -> None:
         if isinstance(system, HolonomicSystem):
             cons.check_consistent(system, q0, v0, tol)
 
@@ -385,7 +392,7 @@ class GalerkinVI(AbstractIntegrator):
             return cons.multiplier(system, q, v)
         return jnp.zeros((0,), q.dtype)
 
-    def init(self, system, t0, q0, v0) -> GalerkinState:
+    def init(self, system: LagrangianSystem, t0: ScalarLike, q0: Vector, v0: Vector) -> GalerkinState:
         lam0 = self._multiplier(system, q0, v0)
         p0 = system.momentum(q0, v0)
         d = jnp.asarray(self._rules()["d"], q0.dtype)
@@ -395,7 +402,8 @@ class GalerkinVI(AbstractIntegrator):
             controls=d[:, None] * v0, mults=jnp.broadcast_to(lam0, (self._n_mults(),) + lam0.shape),
         )
 
-    def step(self, system, state: GalerkinState, h):
+    def step(self, system: LagrangianSystem, state: GalerkinState, h: ScalarLike
+             ) -> tuple[GalerkinState, SolverStats]:
         dtype = state.q.dtype
         k = self._consts(dtype)
         # Predictor: the previous step's polynomial extrapolated.
@@ -431,5 +439,24 @@ class GalerkinVI(AbstractIntegrator):
         )
         return new, stats
 
-    def velocity(self, system, state: GalerkinState):
+    def velocity(self, system: LagrangianSystem, state: GalerkinState) -> Vector:
         return state.v
+
+    # -- dense output ---------------------------------------------------------------------------
+    def dense_layout(self, system: LagrangianSystem) -> DenseLayout:
+        """``q``, ``v`` and ``p`` at the control points: ``q_d`` itself, its derivative and the
+        Legendre map of both, each passing through the node values (``p``, ``v``: the
+        post-processed ones) at the grid points."""
+        d = tuple(float(x) for x in self._rules()["d"])
+        return {name: (d, "node", True) for name in ("q", "v", "p")}
+
+    def dense_knots(self, system: LagrangianSystem, state: AbstractState
+                    ) -> dict[str, Vector]:
+        return {"q": state.q, "v": state.v, "p": state.p}
+
+    def dense_interval(self, system: LagrangianSystem, prev: AbstractState,
+                       new: AbstractState, h: ScalarLike) -> dict[str, Stages]:
+        Z = new.controls  # (q^nu - q^0) / h
+        q = prev.q + h * Z
+        v = jnp.asarray(self._rules()["dd"], Z.dtype) @ Z
+        return {"q": q, "v": v, "p": jax.vmap(system.momentum)(q, v)}

@@ -1,0 +1,115 @@
+"""What the Galerkin-type integrators share: predictors that extrapolate the previous step's
+polynomial, the Hamiltonian pieces of the continuous-time generating functional, and the
+base of the continuous-time (DG/CG) methods."""
+
+from __future__ import annotations
+
+import abc
+from typing import Optional
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array
+
+from ..._typing import ScalarLike, Vector
+from ...quadrature import PolynomialBasis, Quadrature, as_quadrature, lagrange_basis
+from ...solvers import AbstractRootSolver, Newton
+from ...systems import LagrangianSystem, MechanicalSystem
+from .._base import AbstractDenseIntegrator, AbstractState
+
+__all__ = ["check_int", "step_ratio", "extrapolation", "hamiltonian", "quad_sum",
+           "AbstractContinuousTimeVI"]
+
+
+def step_ratio(state, h):
+    """``h / h_prev`` for the predictor; 0 on the first step (no previous interval: the
+    extrapolation then repeats the initial data)."""
+    return jnp.where(state.h > 0, h / jnp.where(state.h > 0, state.h, 1.0), 0.0)
+
+
+def extrapolation(nodes: np.ndarray, ratio, at) -> Array:
+    """Values at ``1 + ratio * at`` of the polynomial through ``nodes``: predictor matrix."""
+    return lagrange_basis(nodes, 1.0 + ratio * jnp.asarray(at))
+
+
+# ----------------------------------------------------------------------------------------------
+# Hamiltonian pieces
+# ----------------------------------------------------------------------------------------------
+
+
+def hamiltonian(system, q, p):
+    """``H(q, p)``; for a mechanical system ``½ pᵀ M⁻¹ p + V`` directly."""
+    if isinstance(system, MechanicalSystem):
+        return 0.5 * p @ (system.inverse_mass_matrix(q) @ p) + system.potential(q)
+    return system.hamiltonian(q, p)
+
+
+def quad_sum(rule: Quadrature, basis_q: PolynomialBasis, basis_p: PolynomialBasis, Q, P, fn, dtype):
+    """``Σ_j w_j fn(q̃(τ_j), p̃(τ_j))`` with basis coefficients ``Q``, ``P``."""
+    Bq = jnp.asarray(basis_q.values(rule.nodes), dtype)
+    Bp = jnp.asarray(basis_p.values(rule.nodes), dtype)
+    vals = jax.vmap(fn)(Bq @ Q, Bp @ P)
+    return jnp.asarray(rule.weights, dtype) @ vals
+
+
+def check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    return int(value)
+
+
+class AbstractContinuousTimeVI(AbstractDenseIntegrator):
+    """What :class:`DGVI` and :class:`CGVI` share: the quadrature rules, the solver, the
+    integral of ``H`` inside ``G_i`` and the construction from ``(q0, v0)``."""
+
+    quadrature: eqx.AbstractVar[Quadrature]
+    kinetic_quadrature: eqx.AbstractVar[Optional[Quadrature]]
+    solver: eqx.AbstractVar[AbstractRootSolver]
+
+    symplectic = True
+
+    @staticmethod
+    def _rules(points: int, quadrature, kinetic_quadrature, solver):
+        """Validated ``(quadrature, kinetic_quadrature, solver)`` (default Gauss ``points``)."""
+        quad = as_quadrature(quadrature, points, "quadrature")
+        kin = (None if kinetic_quadrature is None else
+               as_quadrature(kinetic_quadrature, points, "kinetic_quadrature"))
+        if solver is not None and not isinstance(solver, AbstractRootSolver):
+            raise ValueError(f"solver must be a vijax.solvers root solver such as Newton(), got "
+                             f"{type(solver).__name__}.")
+        return quad, kin, Newton() if solver is None else solver
+
+    def _order_with_rules(self, nodal_order: int) -> int:
+        orders = [nodal_order, self.quadrature.order]
+        if self.kinetic_quadrature is not None:
+            orders.append(self.kinetic_quadrature.order)
+        return min(orders)
+
+    def _label(self, head: str) -> str:
+        kin = "" if self.kinetic_quadrature is None else f", kinetic {self.kinetic_quadrature.name}"
+        return f"{head}, {self.quadrature.name}{kin})"
+
+    @abc.abstractmethod
+    def _H_bases(self):
+        """Bases of ``q̃`` and ``p̃`` inside ``∫ H dt``."""
+
+    def _H_integral(self, system, Q, P, h):
+        """``∫ H(q̃, p̃) dt`` with the chosen rule(s)."""
+        bq, bp = self._H_bases()
+        dtype = Q.dtype
+        if self.kinetic_quadrature is None:
+            return h * quad_sum(self.quadrature, bq, bp, Q, P,
+                                 lambda q, p: hamiltonian(system, q, p), dtype)
+        if not isinstance(system, MechanicalSystem):
+            raise ValueError(f"kinetic_quadrature splits H = T + V and needs a "
+                             f"vijax.MechanicalSystem; {type(system).__name__} is not one. Use a "
+                             f"single quadrature= instead.")
+        kin = quad_sum(self.kinetic_quadrature, bq, bp, Q, P,
+                        lambda q, p: 0.5 * p @ (system.inverse_mass_matrix(q) @ p), dtype)
+        pot = quad_sum(self.quadrature, bq, bp, Q, P, lambda q, p: system.potential(q), dtype)
+        return h * (kin + pot)
+
+    def init(self, system: LagrangianSystem, t0: ScalarLike, q0: Vector, v0: Vector) -> AbstractState:
+        return self.init_from_momentum(system, t0, q0, system.momentum(q0, v0))
