@@ -25,7 +25,7 @@ systems are autonomous.
 """
 
 import warnings
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple, Optional
 
 import equinox as eqx
 import jax
@@ -553,6 +553,8 @@ def test_gauge_invariance(cart_run):
 
 class DoubledCartesianPendulum(vj.systems.AbstractCartesianPendulum):
     """The paper's gap g = |q|² - l² (twice the catalogue's)."""
+
+    ndim: ClassVar[Optional[int]] = 2
 
     def holonomic(self, q):
         return jnp.atleast_1d(q @ q - self.l**2)

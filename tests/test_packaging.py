@@ -53,3 +53,37 @@ def test_import_changes_no_global_jax_configuration():
             "\nassert before == after, (before, after)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
+
+
+def _package_classes():
+    import importlib
+    import inspect
+    import pkgutil
+
+    import vijax
+
+    classes = {}
+    for info in pkgutil.walk_packages(vijax.__path__, "vijax."):
+        module = importlib.import_module(info.name)
+        for _, obj in inspect.getmembers(module, inspect.isclass):
+            if obj.__module__.startswith("vijax."):
+                classes[f"{obj.__module__}.{obj.__qualname__}"] = obj
+    return classes
+
+
+def test_no_concrete_class_is_subclassed_in_the_package():
+    """Equinox's abstract/final pattern: shared parts live in abstract bases."""
+    import inspect
+
+    import equinox as eqx
+
+    classes = _package_classes()
+    modules = [c for c in classes.values() if issubclass(c, eqx.Module)]
+
+    def abstract(cls):  # abstract methods, or equinox abstract variables (AbstractVar)
+        return (inspect.isabstract(cls) or bool(cls.__dict__.get("__abstractvars__"))
+                or bool(cls.__dict__.get("__abstractclassvars__")))
+
+    offenders = [(base.__qualname__, sub.__qualname__) for base in modules for sub in modules
+                 if sub is not base and issubclass(sub, base) and not abstract(base)]
+    assert offenders == [], offenders

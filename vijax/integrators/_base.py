@@ -8,14 +8,13 @@ integrates (``system_type``, ``supported`` and ``required`` capabilities), so th
 plugs in without touching ``simulate``.
 """
 
-from __future__ import annotations
-
 import abc
 import inspect
 from typing import ClassVar, Optional
 
 import equinox as eqx
 import jax
+from equinox import AbstractVar
 from jaxtyping import Array, Float
 
 from .._typing import DenseLayout, ScalarLike, Stages, Vector
@@ -34,9 +33,9 @@ class IncompatibleSystemError(TypeError, ValueError):
 class AbstractState(eqx.Module):
     """What an integrator carries between steps.  Every state has ``t``, ``q`` and ``p``."""
 
-    t: eqx.AbstractVar[Float[Array, ""]]
-    q: eqx.AbstractVar[Float[Array, " n"]]
-    p: eqx.AbstractVar[Float[Array, " n"]]
+    t: AbstractVar[Float[Array, ""]]
+    q: AbstractVar[Float[Array, " n"]]
+    p: AbstractVar[Float[Array, " n"]]
 
 
 class AbstractIntegrator(eqx.Module):
@@ -77,7 +76,7 @@ class AbstractIntegrator(eqx.Module):
         return type(self).__name__
 
     @classmethod
-    def presets(cls) -> list[tuple[str, AbstractIntegrator]]:
+    def presets(cls) -> list[tuple[str, "AbstractIntegrator"]]:
         """The named presets of this family, as ``(constructor call, integrator)`` pairs."""
         return []
 

@@ -14,7 +14,6 @@ symplectic, and its order is that of the tableau: ``2s`` for Gauss, ``2s - 2`` f
 Lobatto IIIA--IIIB.
 """
 
-from __future__ import annotations
 
 from typing import Literal
 
@@ -22,11 +21,16 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from equinox import AbstractVar
 from jaxtyping import Array, Float
 
 from .. import tableaus as tb
 from .._typing import DenseLayout, ScalarLike, Stages, Vector
-from ..quadrature import integration_matrix, lagrange_extrapolation_matrix, lobatto_quadrature
+from ..quadrature import (
+    integration_matrix,
+    lagrange_extrapolation_matrix,
+    lobatto_quadrature,
+)
 from ..solvers import AbstractRootSolver, FixedPoint, SolverStats
 from ..systems import LagrangianSystem, MechanicalSystem
 from ._base import AbstractDenseIntegrator, AbstractIntegrator, AbstractState
@@ -87,8 +91,8 @@ class AbstractPRK(AbstractDenseIntegrator):
     taking the node values at the grid points.  States carry the stage velocities
     (``stages``) of the step that ended at them."""
 
-    tableau: eqx.AbstractVar[tb.PartitionedTableau]
-    solver: eqx.AbstractVar[AbstractRootSolver]
+    tableau: AbstractVar[tb.PartitionedTableau]
+    solver: AbstractVar[AbstractRootSolver]
 
     @property
     def order(self) -> int:

@@ -6,11 +6,10 @@ Leyendecker (2017), §4; the others are classics.
 Sign convention of :mod:`vijax.constraints`: the augmented Lagrangian is ``L - g(q).lam``.
 """
 
-from __future__ import annotations
-
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 import jax.numpy as jnp
+from equinox import AbstractClassVar
 
 from ._base import HolonomicSystem, MechanicalSystem, PointMassSystem
 
@@ -19,8 +18,10 @@ __all__ = ["AbstractCartesianPendulum", "CartesianPendulum", "PolarPendulum", "S
 
 class AbstractCartesianPendulum(PointMassSystem, HolonomicSystem):
     """What the Cartesian and spherical pendulums share: a point mass on ``|q| = l`` in
-    ``R^d``, ``g = (|q|^2 - l^2) / 2``, gravity along the last axis."""
+    ``R^d``, ``g = (|q|^2 - l^2) / 2``, gravity along the last axis.  The final classes
+    declare the dimension (``ndim``)."""
 
+    ndim: AbstractClassVar[Optional[int]]
     l: float = 1.0  # noqa: E741
     gravity: float = 9.81
 
@@ -35,6 +36,8 @@ class CartesianPendulum(AbstractCartesianPendulum):
     """Pendulum in Cartesian coordinates ``q in R^d`` (any ``d``): ``g = (|q|^2 - l^2) / 2``,
     gravity along the last axis (for ``d = 2`` the planar pendulum of Wenger, Ober-Blöbaum &
     Leyendecker (2017), §4)."""
+
+    ndim: ClassVar[Optional[int]] = None
 
 
 class PolarPendulum(MechanicalSystem, HolonomicSystem):

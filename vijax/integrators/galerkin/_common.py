@@ -2,15 +2,14 @@
 polynomial, the Hamiltonian pieces of the continuous-time generating functional, and the
 base of the continuous-time (DG/CG) methods."""
 
-from __future__ import annotations
 
 import abc
 from typing import Optional
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from equinox import AbstractVar
 from jaxtyping import Array
 
 from ..._typing import ScalarLike, Vector
@@ -64,9 +63,9 @@ class AbstractContinuousTimeVI(AbstractDenseIntegrator):
     """What :class:`DGVI` and :class:`CGVI` share: the quadrature rules, the solver, the
     integral of ``H`` inside ``G_i`` and the construction from ``(q0, v0)``."""
 
-    quadrature: eqx.AbstractVar[Quadrature]
-    kinetic_quadrature: eqx.AbstractVar[Optional[Quadrature]]
-    solver: eqx.AbstractVar[AbstractRootSolver]
+    quadrature: AbstractVar[Quadrature]
+    kinetic_quadrature: AbstractVar[Optional[Quadrature]]
+    solver: AbstractVar[AbstractRootSolver]
 
     symplectic = True
 

@@ -64,7 +64,13 @@ from ...quadrature import BASES, Quadrature, gauss_basis, gauss_quadrature, mixe
 from ...solvers import AbstractRootSolver, SolverStats
 from ...systems import HolonomicSystem, LagrangianSystem
 from .._base import AbstractIntegrator, AbstractState
-from ._common import AbstractContinuousTimeVI, check_int, extrapolation, hamiltonian, step_ratio
+from ._common import (
+    AbstractContinuousTimeVI,
+    check_int,
+    extrapolation,
+    hamiltonian,
+    step_ratio,
+)
 
 __all__ = ["DGVI", "DGState", "ConstrainedDGState", "dg_prk_tableau", "dg_prk_tableau_formula"]
 
