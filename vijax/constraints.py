@@ -8,10 +8,17 @@ pendulum hanging at rest ``lam`` is the (positive) tension divided by the length
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Optional
+
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Float
 
+from ._typing import Constraints, Vector, VectorLike
 from .solvers import Newton
+
+if TYPE_CHECKING:  # the systems build on this module
+    from .systems import HolonomicSystem
 
 __all__ = [
     "constraint_jacobian",
@@ -29,17 +36,17 @@ class InconsistentInitialData(ValueError):
     """Initial data off the constraint manifold (or its tangent bundle)."""
 
 
-def constraint_jacobian(system, q):
+def constraint_jacobian(system: HolonomicSystem, q: Vector) -> Float[Array, "m n"]:
     """``G(q) = Dg(q)``, shape ``(m, n)``, by :func:`jax.jacfwd`."""
     return jax.jacfwd(system.holonomic)(q)
 
 
-def hidden_constraint(system, q, v):
+def hidden_constraint(system: HolonomicSystem, q: Vector, v: Vector) -> Constraints:
     """Velocity-level (hidden) constraint ``G(q) v``."""
     return constraint_jacobian(system, q) @ v
 
 
-def project_position(system, q, *, max_steps: int = 50):
+def project_position(system: HolonomicSystem, q: VectorLike, *, max_steps: int = 50) -> Vector:
     """The point of ``g = 0`` nearest to ``q`` in the metric of the velocity Hessian.
 
     Gauss--Newton ``q <- q - H^{-1} G^T (G H^{-1} G^T)^{-1} g(q)`` with ``H = d2L/dv2`` at
@@ -57,7 +64,7 @@ def project_position(system, q, *, max_steps: int = 50):
     return jax.lax.fori_loop(0, max_steps, update, q)
 
 
-def project_velocity(system, q, v):
+def project_velocity(system: HolonomicSystem, q: Vector, v: Vector) -> Vector:
     """Project ``v`` onto ``G(q) v = 0`` along ``H^{-1} G^T`` (the kinetic-energy metric):
     the same velocity as :func:`project_momentum` of ``p = D2L(q, v)`` for mechanical ``L``."""
     G = constraint_jacobian(system, q)
@@ -65,7 +72,8 @@ def project_velocity(system, q, v):
     return v - hinv_gt @ jnp.linalg.solve(G @ hinv_gt, G @ v)
 
 
-def project_momentum(system, q, p, v_guess=None):
+def project_momentum(system: HolonomicSystem, q: Vector, p: Vector,
+                     v_guess: Optional[Vector] = None) -> Vector:
     """Project ``p`` onto the hidden constraint within its class ``p + span(G^T)``:
     ``P(q, p) = p - G^T mu`` with ``G FL^{-1}(q, p - G^T mu) = 0`` (Wenger, Ober-Blöbaum &
     Leyendecker (2017), eq. (4); one linear solve when ``L`` is quadratic in ``v``, Newton in
@@ -85,7 +93,7 @@ def project_momentum(system, q, p, v_guess=None):
     return p - G.T @ mu
 
 
-def multiplier(system, q, v):
+def multiplier(system: HolonomicSystem, q: Vector, v: Vector) -> Constraints:
     """The multiplier ``lam(q, v)`` of the continuous equations.
 
     Differentiating ``G(q) v = 0`` twice along the motion gives
@@ -100,7 +108,7 @@ def multiplier(system, q, v):
     return jnp.linalg.solve(G @ hinv @ G.T, G @ hinv @ f + gqvv)
 
 
-def check_consistent(system, q0, v0, tol: float) -> None:
+def check_consistent(system: HolonomicSystem, q0: Vector, v0: Vector, tol: float) -> None:
     """Refuse initial data off ``g = 0`` or off the hidden constraint, or with a
     rank-deficient constraint Jacobian, naming the fix (concrete values only)."""
     import numpy as np

@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import ClassVar, Optional
+from typing import ClassVar, Optional, Union
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax.flatten_util import ravel_pytree
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Bool, Float, Int, PyTree
 
 __all__ = [
     "SolverStats",
@@ -287,12 +287,12 @@ class AbstractRootSolver(eqx.Module):
 
     def solve(
         self,
-        fn: Callable,
-        x0,
-        precond: Optional[Callable] = None,
+        fn: Callable[[PyTree], Union[PyTree, tuple[PyTree, PyTree]]],
+        x0: PyTree,
+        precond: Optional[Callable[[PyTree], PyTree]] = None,
         *,
         has_aux: bool = False,
-    ):
+    ) -> Union[tuple[PyTree, "SolverStats"], tuple[PyTree, PyTree, "SolverStats"]]:
         """Solve ``fn(x) = 0`` from the predictor ``x0``; returns ``(x, stats)``, or
         ``(x, aux, stats)`` with ``has_aux``.
 
