@@ -199,9 +199,9 @@ def _lagrange_jnp(nodes: np.ndarray, x):
     n = nodes.size
     diff = nodes[:, None] - nodes[None, :] + np.eye(n)
     denom = np.prod(diff, axis=1)  # prod_{m != j} (c_j - c_m)
-    num = x[:, None, None] - jnp.asarray(nodes)[None, None, :]  # (len, j, m)
+    num = x[:, None, None] - jnp.asarray(nodes, x.dtype)[None, None, :]  # (len, j, m)
     num = jnp.where(jnp.asarray(np.eye(n, dtype=bool))[None], 1.0, num)
-    return jnp.prod(num, axis=-1) / jnp.asarray(denom)
+    return jnp.prod(num, axis=-1) / jnp.asarray(denom, x.dtype)[None, :]
 
 
 class _Basis:
@@ -233,10 +233,10 @@ class _Basis:
 
     # jnp (traced) evaluation
     def values_jnp(self, tau):
-        return _lagrange_jnp(self.nodes, tau) @ jnp.asarray(self.T)
+        return _lagrange_jnp(self.nodes, tau) @ jnp.asarray(self.T, jnp.asarray(tau).dtype)
 
     def derivs_jnp(self, tau):
-        return _lagrange_jnp(self.nodes, tau) @ jnp.asarray(self.D @ self.T)
+        return _lagrange_jnp(self.nodes, tau) @ jnp.asarray(self.D @ self.T, jnp.asarray(tau).dtype)
 
 
 @functools.lru_cache(maxsize=None)
@@ -263,7 +263,7 @@ def _step_ratio(state, h):
 
 def _extrapolation(nodes: np.ndarray, ratio, at) -> Array:
     """Values at ``1 + ratio * at`` of the polynomial through ``nodes``: predictor matrix."""
-    return _lagrange_jnp(nodes, 1.0 + ratio * jnp.asarray(at))
+    return _lagrange_jnp(nodes, 1.0 + ratio * jnp.asarray(at, ratio.dtype))
 
 
 # ----------------------------------------------------------------------------------------------
