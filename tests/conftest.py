@@ -1,9 +1,21 @@
-"""Shared pytest configuration: the whole suite runs in float64.
+"""Shared pytest configuration: the whole suite runs in float64 under strict promotion.
 
-vijax never touches global JAX configuration (see ``vijax/__init__.py``), so the tests enable
-double precision themselves, at import time, before any array is created.
+vijax never touches global JAX configuration (see ``vijax/__init__.py``), so the tests set it
+themselves, at import time, before any array is created:
+
+* ``jax_enable_x64``: double precision;
+* ``jax_numpy_dtype_promotion = "strict"``: no implicit promotion between dtypes (a float32
+  array meeting a float64 one is an error, not a silent float64 result);
+* ``jax_numpy_rank_promotion = "raise"``: no implicit broadcasting between arrays of different
+  ranks (``x[None, :]`` must be written out).
+
+The library works with and without the strict flags (users run with JAX's defaults); tests
+that deliberately exercise loosely written user code relax them locally with
+``jax.numpy_rank_promotion("allow")`` / ``jax.numpy_dtype_promotion("standard")`` and say why.
 """
 
 import jax
 
 jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+jax.config.update("jax_numpy_rank_promotion", "raise")

@@ -399,7 +399,7 @@ def test_prk_step_equals_galerkin_step(dpend_runs):
     np.testing.assert_allclose(a.p, b.p, atol=1e-13)
     # the DG values at the Gauss nodes are the PRK stage positions
     V = b.states.stages[-1]
-    Q = b.q[-2] + h * np.asarray(dg_prk_tableau(s).q.a) @ np.asarray(V)
+    Q = b.q[-2][None, :] + h * np.asarray(dg_prk_tableau(s).q.a) @ np.asarray(V)
     np.testing.assert_allclose(a.states.Q[-1], Q, atol=1e-13)
 
 

@@ -253,9 +253,9 @@ def lagrange_basis(nodes: np.ndarray, x) -> Array:
     n = nodes.size
     diff = nodes[:, None] - nodes[None, :] + np.eye(n)
     denom = np.prod(diff, axis=1)  # prod_{m != j} (c_j - c_m)
-    num = x[:, None, None] - jnp.asarray(nodes)[None, None, :]  # (len, j, m)
+    num = x[:, None, None] - jnp.asarray(nodes, x.dtype)[None, None, :]  # (len, j, m)
     num = jnp.where(jnp.asarray(np.eye(n, dtype=bool))[None], 1.0, num)
-    return jnp.prod(num, axis=-1) / jnp.asarray(denom)
+    return jnp.prod(num, axis=-1) / jnp.asarray(denom, x.dtype)[None, :]
 
 
 class PolynomialBasis:
@@ -291,10 +291,11 @@ class PolynomialBasis:
 
     # jnp (traced) evaluation
     def values_jnp(self, tau):
-        return lagrange_basis(self.nodes, tau) @ jnp.asarray(self.T)
+        return lagrange_basis(self.nodes, tau) @ jnp.asarray(self.T, jnp.asarray(tau).dtype)
 
     def derivs_jnp(self, tau):
-        return lagrange_basis(self.nodes, tau) @ jnp.asarray(self.D @ self.T)
+        return lagrange_basis(self.nodes, tau) @ jnp.asarray(self.D @ self.T,
+                                                             jnp.asarray(tau).dtype)
 
 
 @functools.lru_cache(maxsize=None)

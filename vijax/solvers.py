@@ -322,7 +322,7 @@ class AbstractRootSolver(eqx.Module):
         def f(y):
             r, aux = split(fn(unravel(y)))
             aux = flat(aux)
-            return flat(r).astype(x0.dtype), aux.astype(jnp.result_type(aux.dtype, x0.dtype))
+            return flat(r).astype(x0.dtype), aux.astype(x0.dtype)
 
         pc = None if precond is None else (lambda r: flat(precond(unravel(r))))
         x, aux, stats = self.adjoint.apply(self, f, x0, pc, has_aux)

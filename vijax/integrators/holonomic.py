@@ -131,7 +131,7 @@ class HolonomicVPRK(AbstractPRK):
         hW = h * D1 - jnp.einsum("imn,im->in", G, mus)
         q1 = q + h * (b @ V)
         p1 = p + b @ hW
-        res = (D2 - (p + ahat @ hW),
+        res = (D2 - (p[None, :] + ahat @ hW),
                jax.vmap(system.holonomic)(Q[1:]) / h,
                system.momentum(q1, v1) - p1,
                cons.constraint_jacobian(system, q1) @ v1)

@@ -55,7 +55,7 @@ def stage_values(system, a, q, h, V):
     """Stage positions ``Q^i = q + h sum_j a_ij V^j`` and ``(D1L, D2L)`` at ``(Q^i, V^i)``
     (Martín de Diego & Sato Martín de Almagro (2022), eqs. (9) and (13)): the part every VPRK
     variant shares."""
-    Q = q + h * (a @ V)
+    Q = q[None, :] + h * (a @ V)
     D1, D2 = jax.vmap(system.derivatives)(Q, V)
     return Q, D1, D2
 
@@ -133,7 +133,7 @@ class AbstractPRK(AbstractDenseIntegrator):
         nodes = self._dense_nodes()
         V = new.stages
         dtype = V.dtype
-        q = prev.q + h * (jnp.asarray(integration_matrix(c, nodes), dtype) @ V)
+        q = prev.q[None, :] + h * (jnp.asarray(integration_matrix(c, nodes), dtype) @ V)
         v = jnp.asarray(lagrange_extrapolation_matrix(c, nodes), dtype) @ V
         return {"q": q, "v": v, "p": jax.vmap(system.momentum)(q, v)}
 
@@ -231,7 +231,7 @@ class VPRK(AbstractPRK):
         """Residual ``D2L(Q^i, V^i) - P^i`` of eq. (9), and the stage ``W^i``."""
         a, ahat, _ = self._coefficients(q.dtype)
         _, W, D2 = stage_values(system, a, q, h, V)
-        return D2 - (p + h * (ahat @ W)), W
+        return D2 - (p[None, :] + h * (ahat @ W)), W
 
     def step(self, system: LagrangianSystem, state: VPRKState, h: ScalarLike
              ) -> tuple[VPRKState, SolverStats]:
@@ -247,11 +247,11 @@ class VPRK(AbstractPRK):
             minv = system.inverse_mass_matrix(q)
 
             def velocities(W):
-                return (p + h * (ahat @ W)) @ minv.T
+                return (p[None, :] + h * (ahat @ W)) @ minv.T
 
             def residual(W):
                 V = velocities(W)
-                return W - jax.vmap(system.d1_lagrangian)(q + h * (a @ V), V)
+                return W - jax.vmap(system.d1_lagrangian)(q[None, :] + h * (a @ V), V)
 
             W, stats = self.solver.solve(residual, extrap @ state.forces)
             V = velocities(W)
@@ -263,7 +263,7 @@ class VPRK(AbstractPRK):
                 # step start).
                 def residual(V):
                     Q, W, _ = stage_values(system, a, q, h, V)
-                    P = p + h * (ahat @ W)
+                    P = p[None, :] + h * (ahat @ W)
                     minv_p = jax.vmap(lambda Qi, Pi: system.inverse_mass_matrix(Qi) @ Pi)
                     return V - minv_p(Q, P), W
 

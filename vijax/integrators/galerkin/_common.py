@@ -30,7 +30,7 @@ def step_ratio(state, h):
 
 def extrapolation(nodes: np.ndarray, ratio, at) -> Array:
     """Values at ``1 + ratio * at`` of the polynomial through ``nodes``: predictor matrix."""
-    return lagrange_basis(nodes, 1.0 + ratio * jnp.asarray(at))
+    return lagrange_basis(nodes, 1.0 + ratio * jnp.asarray(at, ratio.dtype))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -330,11 +330,11 @@ class GalerkinVI(AbstractDenseIntegrator):
         multipliers ``lam`` (shape ``(z, m)``).  Its gradient in ``Z`` is
         ``(D_1 .. D_{s+1}) Lbar_d``."""
         k = self._consts(q0.dtype)
-        Q = q0 + h * (k["lc"] @ Z)
+        Q = q0[None, :] + h * (k["lc"] @ Z)
         V = k["dc"] @ Z
         val = k["b"] @ jax.vmap(system.lagrangian)(Q, V)
         if isinstance(system, HolonomicSystem):
-            gq = jax.vmap(system.holonomic)(q0 + h * (k["lf"] @ Z))
+            gq = jax.vmap(system.holonomic)(q0[None, :] + h * (k["lf"] @ Z))
             val = val - jnp.sum(k["e"][:, None] * gq * lam)
         return val
 
@@ -378,7 +378,7 @@ class GalerkinVI(AbstractDenseIntegrator):
                 f_rows = k["lf"][1:]
             else:
                 f_rows = k["lf"]
-            rows.append(jax.vmap(system.holonomic)(q0 + h * (f_rows @ Z)) / h)
+            rows.append(jax.vmap(system.holonomic)(q0[None, :] + h * (f_rows @ Z)) / h)
         return rows, grad[self.s]
 
     # -- the integrator contract ------------------------------------------------------------------
@@ -399,7 +399,7 @@ class GalerkinVI(AbstractDenseIntegrator):
         return GalerkinState(
             t=jnp.asarray(t0, q0.dtype), q=q0, p=p0, v=v0, lam=lam0, pi=p0,
             first=jnp.ones((), q0.dtype), p_raw=p0, lam_raw=lam0,
-            controls=d[:, None] * v0, mults=jnp.broadcast_to(lam0, (self._n_mults(),) + lam0.shape),
+            controls=d[:, None] * v0[None, :], mults=jnp.broadcast_to(lam0, (self._n_mults(),) + lam0.shape),
         )
 
     def step(self, system: LagrangianSystem, state: GalerkinState, h: ScalarLike
@@ -408,7 +408,7 @@ class GalerkinVI(AbstractDenseIntegrator):
         k = self._consts(dtype)
         # Predictor: the previous step's polynomial extrapolated.
         Zprev = state.controls
-        Z0 = k["extrap"] @ Zprev - Zprev[-1]
+        Z0 = k["extrap"] @ Zprev - Zprev[-1][None, :]
         X0 = (Z0[1:], h * state.mults)
         G0 = (cons.constraint_jacobian(system, state.q)
               if self._shares_node_multiplier(system) else None)
@@ -457,6 +457,6 @@ class GalerkinVI(AbstractDenseIntegrator):
     def dense_interval(self, system: LagrangianSystem, prev: AbstractState,
                        new: AbstractState, h: ScalarLike) -> dict[str, Stages]:
         Z = new.controls  # (q^nu - q^0) / h
-        q = prev.q + h * Z
+        q = prev.q[None, :] + h * Z
         v = jnp.asarray(self._rules()["dd"], Z.dtype) @ Z
         return {"q": q, "v": v, "p": jax.vmap(system.momentum)(q, v)}
