@@ -16,14 +16,14 @@ from .integrators import (CGVI, DGVI, VPRK, AbstractDenseIntegrator, AbstractInt
                           AbstractState, GalerkinState, GalerkinVI, HolonomicState, HolonomicVPRK,
                           IncompatibleSystemError, VPRKState)
 from .interpolation import DenseOutput
-from .simulate import Solution, StepStats, simulate
+from .simulate import PrecisionWarning, Solution, StepStats, simulate
 from .solvers import ConvergenceError
 from .systems import HolonomicSystem, LagrangianSystem, MechanicalSystem
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "simulate", "Solution", "StepStats", "DenseOutput",
+    "simulate", "Solution", "StepStats", "DenseOutput", "PrecisionWarning",
     "LagrangianSystem", "MechanicalSystem", "HolonomicSystem",
     "AbstractIntegrator", "AbstractDenseIntegrator", "AbstractState", "IncompatibleSystemError",
     "VPRK", "VPRKState", "HolonomicVPRK", "HolonomicState", "GalerkinVI", "GalerkinState",

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
 from ._typing import Constraints, Vector, VectorLike
@@ -108,31 +110,45 @@ def multiplier(system: HolonomicSystem, q: Vector, v: Vector) -> Constraints:
     return jnp.linalg.solve(G @ hinv @ G.T, G @ hinv @ f + gqvv)
 
 
-def check_consistent(system: HolonomicSystem, q0: Vector, v0: Vector, tol: float) -> None:
-    """Refuse initial data off ``g = 0`` or off the hidden constraint, or with a
-    rank-deficient constraint Jacobian, naming the fix (concrete values only)."""
-    import numpy as np
+def check_consistent(system: HolonomicSystem, q0: Vector, v0: Vector, tol: float, *,
+                     velocity: bool = True) -> tuple[Vector, Vector]:
+    """Refuse initial data off ``g = 0`` (and, with ``velocity``, off the hidden constraint
+    ``G(q) v = 0``), or with a rank-deficient constraint Jacobian, naming the fix.
 
-    g = np.asarray(system.holonomic(q0))
-    G = np.asarray(constraint_jacobian(system, q0))
+    On concrete values it raises; on traced values (under :func:`jax.jit`) the same checks
+    run in the compiled code (:func:`equinox.error_if`) and the returned ``(q0, v0)`` carry
+    them, so use the returned values."""
+    g = system.holonomic(q0)
+    G = constraint_jacobian(system, q0)
     name = type(system).__name__
-    if G.ndim != 2 or G.shape[1] != np.shape(q0)[0]:
+    if G.ndim != 2 or G.shape[1] != q0.shape[0]:
         raise ValueError(f"{name}.holonomic(q) must return a 1-D array of m constraint values.")
+    rank = (f"The constraint Jacobian of {name}.holonomic has rank deficiency at q0: the "
+            f"constraints are not independent there. Remove redundant constraints or start "
+            f"away from the singular configuration.")
+    off = (f"q0 violates {name}.holonomic (> {tol:.1e}). Project it with "
+           f"vijax.constraints.project_position(system, q0), or pass project=True to simulate.")
+    hidden = (f"v0 violates the hidden constraint G(q0) v0 = 0 of {name} (> {tol:.1e}). "
+              f"Project it with vijax.constraints.project_velocity(system, q0, v0) (or "
+              f"project_momentum for p0), or pass project=True to simulate.")
+    if isinstance(q0, jax.core.Tracer) or isinstance(v0, jax.core.Tracer):
+        sv = jnp.linalg.svd(G, compute_uv=False)
+        eps = jnp.finfo(G.dtype).eps
+        deficient = ~(sv[-1] > 1e3 * eps * jnp.maximum(sv[0], 1.0))
+        q0 = eqx.error_if(q0, deficient, rank)
+        q0 = eqx.error_if(q0, ~(jnp.max(jnp.abs(g)) <= tol), off)
+        if velocity:
+            v0 = eqx.error_if(v0, ~(jnp.max(jnp.abs(G @ v0)) <= tol), hidden)
+        return q0, v0
+    g, G = np.asarray(g), np.asarray(G)
     sv = np.linalg.svd(G, compute_uv=False)
     if sv.size == 0 or sv[-1] <= 1e3 * np.finfo(G.dtype).eps * max(sv[0], 1.0):
-        raise ValueError(
-            f"The constraint Jacobian of {name}.holonomic has rank deficiency at q0 (singular "
-            f"values {sv}): the constraints are not independent there. Remove redundant "
-            f"constraints or start away from the singular configuration.")
-    if np.max(np.abs(g)) > tol:
-        raise InconsistentInitialData(
-            f"q0 violates {name}.holonomic by {np.max(np.abs(g)):.2e} (> {tol:.1e}). Project it "
-            f"with vijax.constraints.project_position(system, q0), or pass project=True to "
-            f"simulate.")
-    hidden = np.asarray(G @ np.asarray(v0))
-    if np.max(np.abs(hidden)) > tol:
-        raise InconsistentInitialData(
-            f"v0 violates the hidden constraint G(q0) v0 = 0 of {name} by "
-            f"{np.max(np.abs(hidden)):.2e} (> {tol:.1e}). Project it with "
-            f"vijax.constraints.project_velocity(system, q0, v0) (or project_momentum for p0), "
-            f"or pass project=True to simulate.")
+        raise ValueError(rank.replace("at q0:", f"at q0 (singular values {sv}):"))
+    if not np.max(np.abs(g)) <= tol:
+        raise InconsistentInitialData(off.replace("(>", f"by {np.max(np.abs(g)):.2e} (>"))
+    if velocity:
+        res = np.asarray(G @ np.asarray(v0))
+        if not np.max(np.abs(res)) <= tol:
+            raise InconsistentInitialData(
+                hidden.replace("(>", f"by {np.max(np.abs(res)):.2e} (>"))
+    return q0, v0

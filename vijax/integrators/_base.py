@@ -115,8 +115,11 @@ class AbstractIntegrator(eqx.Module):
         raise IncompatibleSystemError(f"{why}. {fix}")
 
     def check_initial(self, system: LagrangianSystem, q0: Vector, v0: Vector, tol: float
-                      ) -> None:
-        """Refuse inconsistent initial data (concrete values only); nothing by default."""
+                      ) -> tuple[Vector, Vector]:
+        """Refuse inconsistent initial data: raise on concrete values; on traced ones return
+        ``(q0, v0)`` carrying run-time checks (:func:`equinox.error_if`).  Nothing to check
+        by default."""
+        return q0, v0
 
     # -- stepping -----------------------------------------------------------------------------
     @abc.abstractmethod

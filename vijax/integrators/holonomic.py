@@ -109,8 +109,8 @@ class HolonomicVPRK(AbstractPRK):
         return "RATTLE" if self.stages == 2 else f"HolonomicVPRK[{self.tableau.name}]"
 
     def check_initial(self, system: LagrangianSystem, q0: Vector, v0: Vector, tol: float
-                      ) -> None:
-        cons.check_consistent(system, q0, v0, tol)
+                      ) -> tuple[Vector, Vector]:
+        return cons.check_consistent(system, q0, v0, tol)
 
     def init(self, system: LagrangianSystem, t0: ScalarLike, q0: Vector, v0: Vector) -> HolonomicState:
         lam0 = cons.multiplier(system, q0, v0)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from .. import _linalg, constraints
+from .._typing import Matrix, Scalar, Vector
 from ..lie import AbstractLieGroup, Rn
 from ..solvers import Newton
 
@@ -54,41 +55,41 @@ class LagrangianSystem(eqx.Module):
     def lagrangian(self, q: Float[Array, " n"], v: Float[Array, " n"]) -> Float[Array, ""]:
         """The Lagrangian ``L(q, v)`` (a scalar)."""
 
-    def group(self, q) -> "AbstractLieGroup":
+    def group(self, q: Vector) -> "AbstractLieGroup":
         """The configuration space as a Lie group: ``R^n`` for a vector-space system
         (Lie-group systems override it)."""
         return Rn(q.shape[-1])
 
     # -- derivatives, all by autodiff -------------------------------------------------------
-    def d1_lagrangian(self, q, v):
+    def d1_lagrangian(self, q: Vector, v: Vector) -> Vector:
         """``D1L(q, v) = dL/dq``."""
         return jax.grad(self.lagrangian, argnums=0)(q, v)
 
-    def momentum(self, q, v):
+    def momentum(self, q: Vector, v: Vector) -> Vector:
         """Legendre map ``p = D2L(q, v) = dL/dv``."""
         return jax.grad(self.lagrangian, argnums=1)(q, v)
 
-    def derivatives(self, q, v):
+    def derivatives(self, q: Vector, v: Vector) -> tuple[Vector, Vector]:
         """``(D1L, D2L)`` in one reverse pass."""
         return jax.grad(self.lagrangian, argnums=(0, 1))(q, v)
 
-    def velocity_hessian(self, q, v):
+    def velocity_hessian(self, q: Vector, v: Vector) -> Matrix:
         """``d^2L/dv^2`` (the generalised mass matrix for mechanical Lagrangians)."""
         return jax.jacfwd(self.momentum, argnums=1)(q, v)
 
-    def inverse_velocity_hessian(self, q, v):
+    def inverse_velocity_hessian(self, q: Vector, v: Vector) -> Matrix:
         """``(d^2L/dv^2)^{-1}``; override when a closed form is known."""
         return _linalg.inv(self.velocity_hessian(q, v))
 
-    def energy(self, q, v):
+    def energy(self, q: Vector, v: Vector) -> Scalar:
         """Energy ``E = <D2L, v> - L``."""
         return jnp.vdot(self.momentum(q, v), v) - self.lagrangian(q, v)
 
-    def hamiltonian(self, q, p, v_guess=None):
+    def hamiltonian(self, q: Vector, p: Vector, v_guess: Optional[Vector] = None) -> Scalar:
         """``H(q, p) = E(q, FL^{-1}(q, p))``."""
         return self.energy(q, self.velocity(q, p, v_guess))
 
-    def velocity(self, q, p, v_guess=None):
+    def velocity(self, q: Vector, p: Vector, v_guess: Optional[Vector] = None) -> Vector:
         """Inverse Legendre map: the ``v`` with ``D2L(q, v) = p``.
 
         One linear solve when the class declares ``quadratic_in_velocity``; otherwise damped
@@ -103,11 +104,11 @@ class LagrangianSystem(eqx.Module):
         return v
 
     # -- consistent initial data (identity without constraints) -----------------------------
-    def project_configuration(self, q):
+    def project_configuration(self, q: Vector) -> Vector:
         """The nearest consistent configuration (``q`` itself for an unconstrained system)."""
         return q
 
-    def project_velocity(self, q, v):
+    def project_velocity(self, q: Vector, v: Vector) -> Vector:
         """The nearest consistent velocity at ``q`` (``v`` itself without constraints)."""
         return v
 
@@ -159,7 +160,7 @@ class MechanicalSystem(LagrangianSystem):
     def velocity_hessian(self, q, v):
         return self.mass_matrix(q)
 
-    def inverse_mass_matrix(self, q):
+    def inverse_mass_matrix(self, q: Vector) -> Matrix:
         """``M(q)^{-1}``; override when a closed form is known."""
         return _linalg.inv(self.mass_matrix(q))
 

@@ -276,17 +276,13 @@ class DGVI(AbstractContinuousTimeVI):
 
     # -- state ------------------------------------------------------------------------------
     def check_initial(self, system: LagrangianSystem, q0: Vector, v0: Vector, tol: float
-                      ) -> None:
+                      ) -> tuple[Vector, Vector]:
         """Constrained: ``q0`` must satisfy ``g(q0) = 0`` (the gap is conserved at the nodes,
         not restored).  The velocity need not be tangent: its normal part only shifts the
         gauge part of ``p_z`` (the paper imposes no initial condition on ``p_g``)."""
         if isinstance(system, HolonomicSystem):
-            g = np.asarray(system.holonomic(q0))
-            if np.max(np.abs(g)) > tol:
-                raise cons.InconsistentInitialData(
-                    f"q0 violates {type(system).__name__}.holonomic by {np.max(np.abs(g)):.2e}; "
-                    f"DGVI conserves g(q_i) = g(q_0) at the nodes, so project it first with "
-                    f"vijax.constraints.project_position(system, q0) or simulate(project=True).")
+            return cons.check_consistent(system, q0, v0, tol, velocity=False)
+        return q0, v0
 
     def init_from_momentum(self, system: LagrangianSystem, t0: ScalarLike, q0: Vector,
                            p0: Vector) -> AbstractState:

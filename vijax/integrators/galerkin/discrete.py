@@ -383,9 +383,10 @@ class GalerkinVI(AbstractDenseIntegrator):
 
     # -- the integrator contract ------------------------------------------------------------------
     def check_initial(self, system: LagrangianSystem, q0: Vector, v0: Vector, tol: float
-                      ) -> None:
+                      ) -> tuple[Vector, Vector]:
         if isinstance(system, HolonomicSystem):
-            cons.check_consistent(system, q0, v0, tol)
+            return cons.check_consistent(system, q0, v0, tol)
+        return q0, v0
 
     def _multiplier(self, system, q, v):
         if isinstance(system, HolonomicSystem):
