@@ -154,16 +154,16 @@ class Quadrature(eqx.Module):
                    1 if rule == "mid" else 0)
 
 
-def as_quadrature(spec, default_points: int, what: str) -> Quadrature:
-    """A :class:`Quadrature` from a user's ``spec`` (None, an int, 'gauss', 'gauss-k' or a rule)."""
-    if spec is None:
+def as_quadrature(rule, default_points: int, what: str) -> Quadrature:
+    """A :class:`Quadrature` from a user's ``rule`` (None, an int, 'gauss', 'gauss-k' or a rule)."""
+    if rule is None:
         return Quadrature.gauss(default_points)
-    if isinstance(spec, Quadrature):
-        return spec
-    if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
-        return Quadrature.gauss(int(spec))
-    if isinstance(spec, str):
-        key = spec.lower().replace("_", "-")
+    if isinstance(rule, Quadrature):
+        return rule
+    if isinstance(rule, (int, np.integer)) and not isinstance(rule, bool):
+        return Quadrature.gauss(int(rule))
+    if isinstance(rule, str):
+        key = rule.lower().replace("_", "-")
         if key == "gauss":
             return Quadrature.gauss(default_points)
         if key.startswith("gauss-") and key[6:].isdigit():
@@ -171,10 +171,10 @@ def as_quadrature(spec, default_points: int, what: str) -> Quadrature:
         if key.startswith("rectangle") or key in _RECT_RULES:
             rule = key.split("-", 1)[1] if "-" in key else "left"
             raise ValueError(
-                f"{what}={spec!r}: the rectangle rule needs its width; pass "
+                f"{what}={rule!r}: the rectangle rule needs its width; pass "
                 f"Quadrature.rectangle({rule!r}, width=1e-4, h=0.3) (or n= rectangles per "
                 f"step) instead of a string.")
-    raise ValueError(f"unknown {what} {spec!r}; use None (Gauss with {default_points} points), "
+    raise ValueError(f"unknown {what} {rule!r}; use None (Gauss with {default_points} points), "
                      f"an int k (k-point Gauss), 'gauss', 'gauss-k', Quadrature.gauss(k) or "
                      f"Quadrature.rectangle(rule, width=..., h=...).")
 
