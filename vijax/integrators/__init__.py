@@ -9,29 +9,15 @@ The contract every family implements is in ``_base.py``; the method table is gen
 the families' traits (``_table.py``).
 """
 
-from ._base import (
-                    AbstractDenseIntegrator,
-                    AbstractIntegrator,
-                    AbstractState,
-                    IncompatibleSystemError,
-                    accepting,
-                    registry,
-)
+# isort: skip_file -- the families are imported in the order of the method table (the
+# registry lists them in the order their classes are created)
+from ._base import (AbstractDenseIntegrator, AbstractIntegrator, AbstractState,
+                    IncompatibleSystemError, accepting, registry)
 from ._table import method_table, presets
-from .galerkin import (
-                    CGVI,
-                    DGVI,
-                    AbstractContinuousTimeVI,
-                    CGState,
-                    ConstrainedDGState,
-                    DGState,
-                    GalerkinState,
-                    GalerkinVI,
-                    dg_prk_tableau,
-                    dg_prk_tableau_formula,
-)
+from .vprk import VPRK, AbstractPRK, VPRKState
 from .holonomic import HolonomicState, HolonomicVPRK
-from .vprk import VPRK, AbstractPRK, VPRKState  # noqa: I001 - import order is the table order
+from .galerkin import (CGVI, DGVI, AbstractContinuousTimeVI, CGState, ConstrainedDGState,
+                       DGState, GalerkinState, GalerkinVI, dg_prk_tableau, dg_prk_tableau_formula)
 
 __all__ = ["AbstractIntegrator", "AbstractDenseIntegrator", "AbstractState",
            "IncompatibleSystemError", "registry", "accepting", "AbstractPRK", "VPRK", "VPRKState",

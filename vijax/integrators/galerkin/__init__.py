@@ -14,10 +14,11 @@ base); quadrature rules and bases are in :mod:`vijax.quadrature`, dense output i
 :mod:`vijax.interpolation`.
 """
 
-from ._common import AbstractContinuousTimeVI
-from .cg import CGVI, CGState
-from .dg import DGVI, ConstrainedDGState, DGState, dg_prk_tableau, dg_prk_tableau_formula
+# isort: skip_file -- the families are imported in the order of the method table
 from .discrete import GalerkinState, GalerkinVI
+from ._common import AbstractContinuousTimeVI
+from .dg import DGVI, ConstrainedDGState, DGState, dg_prk_tableau, dg_prk_tableau_formula
+from .cg import CGVI, CGState
 
 __all__ = ["GalerkinVI", "GalerkinState", "DGVI", "DGState", "ConstrainedDGState", "CGVI",
            "CGState", "AbstractContinuousTimeVI", "dg_prk_tableau", "dg_prk_tableau_formula"]
