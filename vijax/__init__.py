@@ -8,14 +8,14 @@ from . import constraints, diagnostics, lie, solvers, systems, tableaus
 from .integrators import (CGVI, DGVI, AbstractIntegrator, AbstractState, IncompatibleSystemError, GalerkinState, GalerkinVI,
                           HolonomicState, HolonomicVPRK, VPRK,
                           VPRKState)
-from .simulate import Solution, StepStats, simulate
+from .simulate import PrecisionWarning, Solution, StepStats, simulate
 from .solvers import ConvergenceError
 from .systems import HolonomicSystem, LagrangianSystem, MechanicalSystem
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "simulate", "Solution", "StepStats", "LagrangianSystem", "MechanicalSystem", "HolonomicSystem",
+    "simulate", "Solution", "StepStats", "PrecisionWarning", "LagrangianSystem", "MechanicalSystem", "HolonomicSystem",
     "IncompatibleSystemError",
     "AbstractIntegrator", "AbstractState", "VPRK", "VPRKState", "HolonomicVPRK", "HolonomicState", "GalerkinVI",
     "GalerkinState", "DGVI", "CGVI", "ConvergenceError",

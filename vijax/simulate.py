@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools as ft
+import inspect
 import numbers
+import warnings
 from typing import Any, Optional
 
 import equinox as eqx
@@ -14,7 +17,7 @@ from jaxtyping import Array, Bool, Float, Int
 from .integrators._base import AbstractIntegrator
 from .solvers import ConvergenceError
 
-__all__ = ["simulate", "Solution", "StepStats"]
+__all__ = ["simulate", "Solution", "StepStats", "PrecisionWarning"]
 
 
 class StepStats(eqx.Module):
@@ -63,8 +66,163 @@ class Solution(eqx.Module):
         return jnp.sum(self.stats.iterations) / self.n_steps
 
 
+class PrecisionWarning(UserWarning):
+    """float64 input (NumPy arrays, lists of floats) met JAX with 64-bit mode off, so it was
+    truncated to float32."""
+
+
+_precision_warned = False
+
+
+def _meant_float64(x) -> bool:
+    """Whether ``x`` arrived as float64 the way NumPy sees it: a NumPy float64 array or scalar,
+    or a list/tuple of Python floats.  JAX arrays (already converted) and bare Python scalars
+    (weakly typed: they follow the working dtype) are not."""
+    if isinstance(x, (np.ndarray, np.generic)):
+        return x.dtype == np.float64
+    if isinstance(x, (list, tuple)):
+        try:
+            return np.asarray(x).dtype == np.float64
+        except (TypeError, ValueError):
+            return False
+    return False
+
+
+def _warn_precision(**inputs) -> None:
+    """Warn once per process when float64 input is about to be truncated to float32."""
+    global _precision_warned
+    if _precision_warned or jax.config.jax_enable_x64:
+        return
+    meant = [name for name, x in inputs.items() if x is not None and _meant_float64(x)]
+    if meant:
+        _precision_warned = True
+        warnings.warn(
+            f"{', '.join(meant)} {'is' if len(meant) == 1 else 'are'} float64 but JAX's 64-bit "
+            f"mode is off, so vijax computes in float32 (about 7 significant digits; over long "
+            f"runs the energy error grows and drifts where float64 keeps it bounded near "
+            f"round-off). Enable float64 "
+            f"at start-up with jax.config.update(\"jax_enable_x64\", True), or pass float32 "
+            f"arrays to compute in float32 on purpose. (Shown once per process.)",
+            PrecisionWarning, stacklevel=3)
+
+
 def _is_traced(x) -> bool:
-    return isinstance(x, jax.core.Tracer)
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(x))
+
+
+@ft.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def _error_if(x, bad, index, messages: tuple):
+    return eqx.branched_error_if(x, bad, index, messages)
+
+
+@_error_if.defjvp
+def _error_if_jvp(messages, primals, tangents):
+    # The tangents are multiplied by a checked one: a derivative (forward or reverse mode)
+    # then depends on the check too, which would otherwise be dropped when only the
+    # derivative is used (as under jax.jit(jax.grad(...))).
+    x, bad, index = primals
+    tx = tangents[0]
+    one = eqx.branched_error_if(jnp.ones(()), bad, index, messages)
+    scale = lambda t: t if t.dtype == jax.dtypes.float0 else t * one.astype(t.dtype)  # noqa
+    return _error_if(x, bad, index, messages), jax.tree_util.tree_map(scale, tx)
+
+
+def _refuse(x, bad, message, eager=None, exc=ValueError, index=0):
+    """``x`` unchanged, or an error when ``bad`` holds: raised at once when ``bad`` is concrete
+    (``exc`` with ``eager()``, a message that contains ``message`` with the concrete values),
+    checked in the graph by :func:`equinox.error_if` when it is traced (under ``jit``/``vmap``;
+    one bad lane fails the whole call).  ``message`` may be a list, chosen by ``index`` in the
+    graph (:func:`equinox.branched_error_if`).  The check runs only if the returned ``x`` (or
+    a derivative through it) is used: :class:`_Inputs` guards all inputs with every check."""
+    messages = tuple(message) if isinstance(message, (list, tuple)) else (message,)
+    if _is_traced(bad):
+        arrays, rest = eqx.partition(x, eqx.is_array)  # Python scalars stay as they are
+        return eqx.combine(_error_if(arrays, bad, index, messages), rest)
+    if bool(np.any(np.asarray(bad))):
+        raise exc(messages[int(index)] if eager is None else eager())
+    return x
+
+
+class _Inputs:
+    """The inputs of a run, each check on their values guarding all of them together: eagerly a
+    failed check raises at once; in the graph the check is an ``error_if`` on every input, so
+    that whatever part of the result is used, every check runs first, in order."""
+
+    def __init__(self, **inputs):
+        self.inputs = inputs
+
+    def __getattr__(self, name):
+        try:
+            return self.__dict__["inputs"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def set(self, **inputs):
+        self.inputs = {**self.inputs, **inputs}
+
+    def refuse(self, bad, message, eager=None, exc=ValueError, index=0):
+        self.inputs = _refuse(self.inputs, bad, message, eager, exc, index)
+
+
+def _nonfinite(x):
+    """Whether ``x`` has a non-finite entry: a NumPy bool on concrete values (also under a
+    jit trace, where jnp would stage them), traced otherwise."""
+    if _is_traced(x):
+        return ~jnp.all(jnp.isfinite(x))
+    return not bool(np.all(np.isfinite(np.asarray(x))))
+
+
+def _where_nonfinite(x) -> str:
+    x = np.asarray(x)
+    if x.ndim == 0:
+        return f"{x.item()}"
+    idx = [tuple(int(i) for i in ix) if x.ndim > 1 else int(ix[0])
+           for ix in np.argwhere(~np.isfinite(x))]
+    return f"{x.ravel()[~np.isfinite(x.ravel())][0].item()} at index {idx[0]}" + (
+        f" and {len(idx) - 1} more" if len(idx) > 1 else "")
+
+
+# -- static checks (shapes, dtypes, types, Python ints): raised at trace time under jit -------
+
+def _check_compatible(system, integrator) -> None:
+    if isinstance(system, AbstractIntegrator) or (
+            isinstance(system, type) and issubclass(system, AbstractIntegrator)):
+        raise TypeError(f"system must be a vijax.LagrangianSystem, got the integrator "
+                        f"{_name(system)}: the arguments are swapped; call "
+                        f"simulate(system, integrator, ...).")
+    if isinstance(integrator, type) and issubclass(integrator, AbstractIntegrator):
+        presets = integrator.presets() if not inspect.isabstract(integrator) else []
+        example = f"vijax.{presets[0][0]}" if presets else "vijax.VPRK.gauss(2)"
+        raise TypeError(f"integrator must be a vijax integrator instance, got the class "
+                        f"{integrator.__name__}; pass an instance, e.g. {example}.")
+    if not isinstance(integrator, AbstractIntegrator):
+        raise TypeError(f"integrator must be a vijax integrator (e.g. vijax.VPRK.gauss(2)), "
+                        f"got {_name(integrator)}.")
+    base = integrator.system_type
+    if isinstance(system, type) and issubclass(system, base):
+        raise TypeError(f"system must be a vijax.{base.__name__} instance, got the class "
+                        f"{system.__name__}; pass an instance, e.g. {system.__name__}().")
+    integrator.check_system(system)
+
+
+def _name(x) -> str:
+    return x.__name__ if isinstance(x, type) else type(x).__name__
+
+
+def _static_count(name: str, n) -> int:
+    """``n_steps`` and ``save_every`` fix array shapes: they must be positive Python ints."""
+    if isinstance(n, jax.core.Tracer):
+        raise ValueError(
+            f"{name} must be a positive Python int known when tracing (static): it fixes the "
+            f"number of steps and the shape of the saved arrays, but it is traced here "
+            f"({type(n).__name__}), as every argument of a jax.jit-compiled function is. Mark "
+            f"it static, "
+            f"jax.jit(f, static_argnums=...) or jax.jit(f, static_argnames=...), or compile "
+            f"with equinox.filter_jit, which keeps Python ints static.")
+    if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n <= 0:
+        raise ValueError(f"{name} must be a positive Python int, got {n!r}"
+                         + ("; pass int(...) of it." if isinstance(n, jax.Array) else "."))
+    return int(n)  # numpy integers -> static ints
 
 
 def _vector(name: str, x, ndim_expected: Optional[int]) -> Array:
@@ -80,64 +238,105 @@ def _vector(name: str, x, ndim_expected: Optional[int]) -> Array:
             f"jnp.asarray({name}, dtype=jnp.float64) (with jax_enable_x64) or float32."
         )
     if ndim_expected is not None and x.shape[0] != ndim_expected:
-        raise ValueError(f"{name} has {x.shape[0]} components but the system has "
-                         f"ndim = {ndim_expected}.")
+        raise ValueError(f"{name} has {x.shape[0]} component{'s' if x.shape[0] != 1 else ''} "
+                         f"but the system has ndim = {ndim_expected}; pass {name} of length "
+                         f"{ndim_expected}.")
     return x
 
 
-def _check_regular(system, q0, v0) -> None:
-    """Refuse a Lagrangian whose velocity Hessian is singular at the initial state."""
-    hess = system.velocity_hessian(q0, v0)
-    if _is_traced(hess):
-        return
-    hess = np.asarray(hess)
-    eps = np.finfo(hess.dtype).eps
-    cond = np.linalg.cond(hess) if np.all(np.isfinite(hess)) else np.inf
-    if not cond < 1.0 / (1e3 * eps):
-        raise ValueError(
-            f"The velocity Hessian d2L/dv2 of {type(system).__name__} is singular at the "
-            f"initial state (condition number {cond:.3g}): the Lagrangian is degenerate "
-            f"there, so the Legendre map cannot be inverted and the variational stage "
-            f"equations have no unique solution. Check the kinetic energy (every coordinate "
-            f"needs inertia) or choose an initial state away from the singular configuration."
-        )
-
-
-def _initial_velocity(system, q0, v0, p0):
+def _check_shapes(q0, v0, p0):
+    """The one of ``v0``/``p0`` that is given, as a vector shaped like ``q0``."""
     if (v0 is None) == (p0 is None):
         raise ValueError("Give exactly one of v0 (velocities) or p0 (momenta); "
                          + ("both were given." if v0 is not None else "neither was given."))
-    if v0 is not None:
-        v0 = _vector("v0", v0, None)
-        if v0.shape != q0.shape:
-            raise ValueError(f"v0 has shape {v0.shape} but q0 has shape {q0.shape}.")
-        return v0.astype(q0.dtype)
-    p0 = _vector("p0", p0, None)
-    if p0.shape != q0.shape:
-        raise ValueError(f"p0 has shape {p0.shape} but q0 has shape {q0.shape}.")
-    _check_regular(system, q0, jnp.zeros_like(q0))
-    v0 = system.velocity(q0, p0.astype(q0.dtype))
-    if not _is_traced(v0) and not bool(np.all(np.isfinite(np.asarray(v0)))):
-        raise ValueError(
-            f"The inverse Legendre map of {type(system).__name__} failed at (q0, p0): no "
-            f"velocity with D2L(q0, v) = p0 was found from v = 0. Pass v0 instead of p0, or "
-            f"override {type(system).__name__}.velocity(q, p, v_guess) with a closed form.")
-    return v0
+    name, x = ("v0", v0) if v0 is not None else ("p0", p0)
+    x = _vector(name, x, None)
+    if x.shape != q0.shape:
+        raise ValueError(f"{name} has shape {x.shape} but q0 has shape {q0.shape}.")
+    return x.astype(q0.dtype)
 
 
-def _check_compatible(system, integrator) -> None:
-    if isinstance(system, AbstractIntegrator):
-        raise TypeError(f"system must be a vijax.LagrangianSystem, got the integrator "
-                        f"{type(system).__name__}: the arguments are swapped; call "
-                        f"simulate(system, integrator, ...).")
-    if not isinstance(integrator, AbstractIntegrator):
-        raise TypeError(f"integrator must be a vijax integrator (e.g. vijax.VPRK.gauss(2)), "
-                        f"got {type(integrator).__name__}.")
-    base = integrator.system_type
-    if isinstance(system, type) and issubclass(system, base):
-        raise TypeError(f"system must be a vijax.{base.__name__} instance, got the class "
-                        f"{system.__name__}; pass an instance, e.g. {system.__name__}().")
-    integrator.check_system(system)
+# -- checks on values: raised at once on concrete values, in the graph on traced ones ----------
+
+def _parameter_checks(system):
+    """``(bad, message, eager message)`` for every floating-point parameter of the system:
+    a non-finite value is named by its field."""
+    out = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(system)[0]:
+        if isinstance(leaf, float) or (
+                isinstance(leaf, (jax.Array, np.ndarray, np.generic))
+                and jnp.issubdtype(leaf.dtype, jnp.inexact)):
+            field = f"{type(system).__name__}{jax.tree_util.keystr(path)}"
+            fix = (f"every floating-point parameter of the system must be a finite number; "
+                   f"pass a finite value for {field}.")
+            out.append((_nonfinite(leaf), f"{field} is not finite: {fix}",
+                        lambda f=field, x=leaf, fix=fix: (
+                            f"{f} is not finite ({_where_nonfinite(x)}): {fix}")))
+    return out
+
+
+def _finite(name: str, x, what: str):
+    """``(bad, message, eager message)`` refusing non-finite entries of ``x``."""
+    return (_nonfinite(x), f"{name} contains non-finite values (nan or inf); pass finite {what}.",
+            lambda: f"{name} contains non-finite values: {np.asarray(x)}; pass finite {what}.")
+
+
+def _singular_messages(system, n: int) -> list[str]:
+    """The singular-Hessian messages: ``[general, k = 1 .. n-1 trailing coordinates without
+    inertia]`` (the latter only when the system does not declare ``ndim``: a too long ``q0``)."""
+    name = type(system).__name__
+    head = f"The velocity Hessian d2L/dv2 of {name} is singular at the initial state"
+    general = (f"{head}: the Lagrangian is degenerate there, so the Legendre map cannot be "
+               f"inverted and the variational stage equations have no unique solution. Check "
+               f"the kinetic energy (every coordinate needs inertia) or choose an initial state "
+               f"away from the singular configuration.")
+    out = [general]
+    for k in range(1, n):
+        out.append(f"{head}: coordinates {list(range(n - k, n))} of q0 (length {n}) do not "
+                   f"enter the kinetic energy: if the system has {n - k} "
+                   f"coordinate{'s' if n - k > 1 else ''} pass q0 of length {n - k} (declare "
+                   f"`ndim` on the system to have it checked); otherwise the Lagrangian is "
+                   f"degenerate: every coordinate needs inertia.")
+    return out
+
+
+def _regular(system, q0, v0):
+    """``(bad, messages, eager message, index)`` refusing a Lagrangian whose velocity Hessian
+    is singular at ``(q0, v0)``, naming the coordinates that carry no inertia (a ``q0`` longer
+    than the system's coordinates shows up as trailing coordinates that do not enter the
+    Lagrangian; a shorter one cannot be seen: JAX clamps out-of-range indices)."""
+    params, static = eqx.partition(system, eqx.is_inexact_array)
+    frozen = eqx.combine(jax.lax.stop_gradient(params), static)
+    hess = frozen.velocity_hessian(jax.lax.stop_gradient(q0), jax.lax.stop_gradient(v0))
+    n = q0.shape[0]
+    messages = _singular_messages(system, n)
+    if _is_traced(hess):
+        sv = jnp.linalg.svd(hess, compute_uv=False)
+        bad = ~(sv[-1] > 1e3 * jnp.finfo(hess.dtype).eps * sv[0])  # also true for NaN
+        zero = jnp.all(hess == 0, axis=0) & jnp.all(hess == 0, axis=1)
+        trailing = jnp.sum(jnp.cumprod(zero[::-1].astype(jnp.int32)))
+        index = jnp.where((jnp.sum(zero) == trailing) & (trailing < n)
+                          & (system.ndim is None), trailing, 0)
+        return bad, messages, None, index
+    hess = np.asarray(hess)
+    sv = np.linalg.svd(hess, compute_uv=False) if np.all(np.isfinite(hess)) else None
+    if sv is not None and sv[-1] > 1e3 * np.finfo(hess.dtype).eps * sv[0]:
+        return False, messages, None, 0
+    zero = [int(i) for i in np.flatnonzero(np.all(hess == 0, axis=0) & np.all(hess == 0, axis=1))]
+    k = len(zero)
+    if 0 < k < n and system.ndim is None and zero == list(range(n - k, n)):
+        return True, messages, None, k
+    if k:
+        eager = (f"The velocity Hessian d2L/dv2 of {type(system).__name__} is singular at the "
+                 f"initial state: coordinates {zero} of q0 (length {n}) do not enter the kinetic "
+                 f"energy, so the Lagrangian is degenerate, the Legendre map cannot be inverted "
+                 f"and the variational stage equations have no unique solution. Check the "
+                 f"kinetic energy (every coordinate needs inertia).")
+    else:
+        cond = np.inf if sv is None or sv[-1] == 0 else sv[0] / sv[-1]
+        eager = messages[0].replace("initial state:",
+                                    f"initial state (condition number {cond:.3g}):", 1)
+    return True, messages, lambda: eager, 0
 
 
 @eqx.filter_jit
@@ -186,56 +385,91 @@ def simulate(
     n_steps: int,
     save_every: int = 1,
     t0=0.0,
-    throw: bool = False,
+    throw: bool = True,
     project: bool = False,
 ) -> Solution:
     """Integrate ``system`` with ``integrator`` for ``n_steps`` steps of size ``dt``.
 
     Give the initial velocity ``v0`` or the initial momentum ``p0`` (exactly one).  States
     are saved every ``save_every`` steps (``n_steps`` must be a multiple); only saved states
-    are stored.  Works under :func:`jax.jit`, :func:`jax.vmap` (ensembles) and
-    :func:`jax.grad` (with respect to the initial state, ``dt`` and every system parameter).
-    A solve that fails to converge is recorded in ``Solution.stats`` (``converged``,
-    ``failed_step``); with ``throw=True`` it raises :class:`~vijax.solvers.ConvergenceError`
-    naming the step.  The working dtype is that of ``q0``.
+    are stored.  ``n_steps`` and ``save_every`` fix array shapes, so they are static Python
+    ints (under :func:`jax.jit` mark them static, or use :func:`equinox.filter_jit`).  Works
+    under :func:`jax.jit`, :func:`jax.vmap` (ensembles) and :func:`jax.grad` (with respect to
+    the initial state, ``dt`` and every system parameter).  The working dtype is that of
+    ``q0``; float64 input met with JAX's 64-bit mode off warns (:class:`PrecisionWarning`).
+
+    Bad input raises an error that names the fix, under ``jit`` as well: shapes, dtypes and
+    types at trace time, values (``dt``, non-finite ``q0``/``v0``/``p0`` or parameters, a
+    singular velocity Hessian) through :func:`equinox.error_if` in the compiled graph.
+
+    A stage solve that does not converge raises (``throw=True``, the default): outside ``jit``
+    a :class:`~vijax.solvers.ConvergenceError` naming the step, time and residual; inside
+    ``jit`` (and under ``vmap``, where one failed lane fails the call) an
+    :func:`equinox.error_if` runtime error.  With ``throw=False`` the run returns whatever the
+    solver produced and records the failure in ``Solution.stats`` (``converged``,
+    ``failed_step``, ``first_failure``), to inspect each lane of an ensemble; a derivative
+    through a failed solve is then NaN.
 
     The integrator decides which systems it accepts (:meth:`AbstractIntegrator.check_system`)
-    and which initial data are consistent (:meth:`AbstractIntegrator.check_initial`); for
-    holonomically constrained systems ``(q0, v0)`` must lie on ``g(q) = 0`` and its hidden
-    constraint ``G(q) v = 0``.  ``project=True`` projects them first
-    (:meth:`LagrangianSystem.project_configuration`, :meth:`~LagrangianSystem.project_velocity`).
+    and which initial data are consistent (:meth:`AbstractIntegrator.check_initial`, on
+    concrete values); for holonomically constrained systems ``(q0, v0)`` must lie on
+    ``g(q) = 0`` and its hidden constraint ``G(q) v = 0``.  ``project=True`` projects them
+    first (:meth:`LagrangianSystem.project_configuration`,
+    :meth:`~LagrangianSystem.project_velocity`).
     """
+    # Static checks: types, Python ints, shapes and dtypes (at trace time under jit).
     _check_compatible(system, integrator)
-    q0 = _vector("q0", q0, system.ndim)
-    if not isinstance(n_steps, numbers.Integral) or isinstance(n_steps, bool) or n_steps <= 0:
-        raise ValueError(f"n_steps must be a positive Python int, got {n_steps!r}.")
-    if not isinstance(save_every, numbers.Integral) or isinstance(save_every, bool) \
-            or save_every <= 0:
-        raise ValueError(f"save_every must be a positive Python int, got {save_every!r}.")
-    n_steps, save_every = int(n_steps), int(save_every)  # numpy integers -> static ints
+    n_steps = _static_count("n_steps", n_steps)
+    save_every = _static_count("save_every", save_every)
     if n_steps % save_every:
         raise ValueError(f"n_steps = {n_steps} is not a multiple of save_every = {save_every}; "
                          f"choose n_steps = {(n_steps // save_every + 1) * save_every}, say.")
+    _warn_precision(q0=q0, v0=v0, p0=p0, dt=dt)
+    q0 = _vector("q0", q0, system.ndim)
+    x0 = _check_shapes(q0, v0, p0)
     dtype = q0.dtype
     dt = jnp.asarray(dt, dtype)
     if dt.ndim != 0:
         raise ValueError(f"dt must be a scalar, got shape {dt.shape}.")
-    if _is_traced(dt):
-        dt = eqx.error_if(dt, dt <= 0, "simulate: dt must be positive.")
-    elif not (float(dt) > 0 and np.isfinite(float(dt))):
-        raise ValueError(f"dt must be positive and finite, got {float(dt)}.")
-    if project:
-        q0 = system.project_configuration(q0)
-    v0 = _initial_velocity(system, q0, v0, p0)
-    if project:
-        v0 = system.project_velocity(q0, v0)
-    _check_regular(system, q0, v0)
-    if not (_is_traced(q0) or _is_traced(v0)):
-        integrator.check_initial(system, q0, v0, float(jnp.finfo(dtype).eps) ** 0.6)
-    for name, x in (("q0", q0), ("v0", v0)):
-        if not _is_traced(x) and not bool(np.all(np.isfinite(np.asarray(x)))):
-            raise ValueError(f"{name} contains non-finite values: {np.asarray(x)}.")
     t0 = jnp.asarray(t0, dtype)
+    if t0.ndim != 0:
+        raise ValueError(f"t0 must be a scalar, got shape {t0.shape}.")
+
+    # Checks on values: raised here on concrete values, in the graph (eqx.error_if) on traced
+    # ones, with the same wording; each guards all the inputs of the run.
+    inputs = _Inputs(system=system, q0=q0, x0=x0, dt=dt, t0=t0)
+    inputs.refuse(
+        ~(dt > 0) | _nonfinite(dt) if _is_traced(dt) else not 0 < float(dt) < np.inf,
+        "dt must be positive and finite; pass a step size dt > 0.",
+        lambda: f"dt must be positive and finite, got {float(dt)}; pass a step size dt > 0.")
+    inputs.refuse(*_finite("t0", t0, "initial time"))
+    for check in _parameter_checks(system):
+        inputs.refuse(*check)
+    inputs.refuse(*_finite("q0", q0, "initial coordinates"))
+    if project:
+        inputs.set(q0=inputs.system.project_configuration(inputs.q0))
+    if v0 is not None:
+        inputs.refuse(*_finite("v0", x0, "initial velocities"))
+        inputs.set(v0=inputs.x0)
+    else:
+        inputs.refuse(*_finite("p0", x0, "initial momenta"))
+        bad, messages, eager, index = _regular(system, inputs.q0, jnp.zeros_like(q0))
+        inputs.refuse(bad, messages, eager, index=index)
+        v0 = inputs.system.velocity(inputs.q0, inputs.x0)
+        name = type(system).__name__
+        inputs.refuse(
+            _nonfinite(v0),
+            f"The inverse Legendre map of {name} failed at (q0, p0): no velocity with "
+            f"D2L(q0, v) = p0 was found from v = 0. Pass v0 instead of p0, or override "
+            f"{name}.velocity(q, p, v_guess) with a closed form.")
+        inputs.set(v0=v0)
+    if project:
+        inputs.set(v0=inputs.system.project_velocity(inputs.q0, inputs.v0))
+    bad, messages, eager, index = _regular(system, inputs.q0, inputs.v0)
+    inputs.refuse(bad, messages, eager, index=index)
+    system, q0, v0, dt, t0 = (inputs.system, inputs.q0, inputs.v0, inputs.dt, inputs.t0)
+    if not _is_traced((q0, v0, system)):
+        integrator.check_initial(system, q0, v0, float(jnp.finfo(dtype).eps) ** 0.6)
     # Python-float parameters become arrays of the working dtype: jit then traces them
     # (no recompilation per value) and the system follows the dtype of q0.
     system = jax.tree_util.tree_map(
@@ -248,17 +482,21 @@ def simulate(
     if throw:
         ok = stats.converged
         if _is_traced(ok):
-            sol = eqx.error_if(
+            sol = _refuse(
                 sol, ~jnp.all(ok),
-                "simulate: an implicit stage solve did not converge; run without jit "
-                "(or inspect sol.stats.failed_step) to see the step index. Reduce dt or use "
-                "solver=vijax.solvers.Newton().")
+                "vijax.simulate: an implicit stage solve did not converge, so the trajectory "
+                "is wrong from that step on. Reduce dt, or use solver=vijax.solvers.Newton() "
+                "for stiff problems; pass throw=False to get the result anyway and inspect "
+                "sol.stats (converged, failed_step, first_failure), or run without jit to have "
+                "the step named.")
         elif not bool(np.all(np.asarray(ok))):
             k = int(stats.first_failure)
+            residual = float(np.asarray(stats.residual)[k // save_every])
             raise ConvergenceError(
                 f"The stage equations of {integrator.name} did not converge at step {k} "
-                f"(t = {float(t0) + k * float(dt):.6g}; residual "
-                f"{float(np.max(np.asarray(stats.residual))):.3g}). Reduce dt, raise the "
-                f"solver's max_steps, or use solver=vijax.solvers.Newton() for stiff problems."
+                f"(t = {float(t0) + k * float(dt):.6g}; residual {residual:.3g}), so the "
+                f"trajectory is wrong from that step on. Reduce dt, raise the solver's max_steps, or use "
+                f"solver=vijax.solvers.Newton() for stiff problems; pass throw=False to get "
+                f"the result anyway and inspect sol.stats (converged, failed_step)."
             )
     return sol
