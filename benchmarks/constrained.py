@@ -263,8 +263,9 @@ def constrained_runner(system, integ, n_steps, save_every):
 
     @jax.jit
     def run(q0, v0, dt):
+        # throw=False: the sweeps record unconverged runs instead of stopping at them
         sol = vj.simulate(system, integ, q0=q0, v0=v0, dt=dt, n_steps=n_steps,
-                          save_every=save_every, throw=False)  # sweeps record failures
+                          save_every=save_every, throw=False)
         st = sol.stats
         return dict(q=sol.q, v=sol.v, lam=getattr(sol.states, "lam", None),
                     it=sol.mean_iterations,

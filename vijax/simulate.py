@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools as ft
+import inspect
 import numbers
 import warnings
 from typing import Any, Optional, Union
@@ -77,8 +79,163 @@ class Solution(eqx.Module):
         return jnp.sum(self.stats.iterations) / self.n_steps
 
 
+class PrecisionWarning(UserWarning):
+    """float64 input (NumPy arrays, lists of floats) met JAX with 64-bit mode off, so it was
+    truncated to float32."""
+
+
+_precision_warned = False
+
+
+def _meant_float64(x) -> bool:
+    """Whether ``x`` arrived as float64 the way NumPy sees it: a NumPy float64 array or scalar,
+    or a list/tuple of Python floats.  JAX arrays (already converted) and bare Python scalars
+    (weakly typed: they follow the working dtype) are not."""
+    if isinstance(x, (np.ndarray, np.generic)):
+        return x.dtype == np.float64
+    if isinstance(x, (list, tuple)):
+        try:
+            return np.asarray(x).dtype == np.float64
+        except (TypeError, ValueError):
+            return False
+    return False
+
+
+def _warn_precision(**inputs) -> None:
+    """Warn once per process when float64 input is about to be truncated to float32."""
+    global _precision_warned
+    if _precision_warned or jax.config.jax_enable_x64:
+        return
+    meant = [name for name, x in inputs.items() if x is not None and _meant_float64(x)]
+    if meant:
+        _precision_warned = True
+        warnings.warn(
+            f"{', '.join(meant)} {'is' if len(meant) == 1 else 'are'} float64 but JAX's 64-bit "
+            f"mode is off, so vijax computes in float32 (about 7 significant digits; over long "
+            f"runs the energy error grows and drifts where float64 keeps it bounded near "
+            f"round-off). Enable float64 "
+            f"at start-up with jax.config.update(\"jax_enable_x64\", True), or pass float32 "
+            f"arrays to compute in float32 on purpose. (Shown once per process.)",
+            PrecisionWarning, stacklevel=3)
+
+
 def _is_traced(x) -> bool:
-    return isinstance(x, jax.core.Tracer)
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(x))
+
+
+@ft.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def _error_if(x, bad, index, messages: tuple):
+    return eqx.branched_error_if(x, bad, index, messages)
+
+
+@_error_if.defjvp
+def _error_if_jvp(messages, primals, tangents):
+    # The tangents are multiplied by a checked one: a derivative (forward or reverse mode)
+    # then depends on the check too, which would otherwise be dropped when only the
+    # derivative is used (as under jax.jit(jax.grad(...))).
+    x, bad, index = primals
+    tx = tangents[0]
+    one = eqx.branched_error_if(jnp.ones(()), bad, index, messages)
+    scale = lambda t: t if t.dtype == jax.dtypes.float0 else t * one.astype(t.dtype)  # noqa
+    return _error_if(x, bad, index, messages), jax.tree_util.tree_map(scale, tx)
+
+
+def _refuse(x, bad, message, eager=None, exc=ValueError, index=0):
+    """``x`` unchanged, or an error when ``bad`` holds: raised at once when ``bad`` is concrete
+    (``exc`` with ``eager()``, a message that contains ``message`` with the concrete values),
+    checked in the graph by :func:`equinox.error_if` when it is traced (under ``jit``/``vmap``;
+    one bad lane fails the whole call).  ``message`` may be a list, chosen by ``index`` in the
+    graph (:func:`equinox.branched_error_if`).  The check runs only if the returned ``x`` (or
+    a derivative through it) is used: :class:`_Inputs` guards all inputs with every check."""
+    messages = tuple(message) if isinstance(message, (list, tuple)) else (message,)
+    if _is_traced(bad):
+        arrays, rest = eqx.partition(x, eqx.is_array)  # Python scalars stay as they are
+        return eqx.combine(_error_if(arrays, bad, index, messages), rest)
+    if bool(np.any(np.asarray(bad))):
+        raise exc(messages[int(index)] if eager is None else eager())
+    return x
+
+
+class _Inputs:
+    """The inputs of a run, each check on their values guarding all of them together: eagerly a
+    failed check raises at once; in the graph the check is an ``error_if`` on every input, so
+    that whatever part of the result is used, every check runs first, in order."""
+
+    def __init__(self, **inputs):
+        self.inputs = inputs
+
+    def __getattr__(self, name):
+        try:
+            return self.__dict__["inputs"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def set(self, **inputs):
+        self.inputs = {**self.inputs, **inputs}
+
+    def refuse(self, bad, message, eager=None, exc=ValueError, index=0):
+        self.inputs = _refuse(self.inputs, bad, message, eager, exc, index)
+
+
+def _nonfinite(x):
+    """Whether ``x`` has a non-finite entry: a NumPy bool on concrete values (also under a
+    jit trace, where jnp would stage them), traced otherwise."""
+    if _is_traced(x):
+        return ~jnp.all(jnp.isfinite(x))
+    return not bool(np.all(np.isfinite(np.asarray(x))))
+
+
+def _where_nonfinite(x) -> str:
+    x = np.asarray(x)
+    if x.ndim == 0:
+        return f"{x.item()}"
+    idx = [tuple(int(i) for i in ix) if x.ndim > 1 else int(ix[0])
+           for ix in np.argwhere(~np.isfinite(x))]
+    return f"{x.ravel()[~np.isfinite(x.ravel())][0].item()} at index {idx[0]}" + (
+        f" and {len(idx) - 1} more" if len(idx) > 1 else "")
+
+
+# -- static checks (shapes, dtypes, types, Python ints): raised at trace time under jit -------
+
+def _check_compatible(system, integrator) -> None:
+    if isinstance(system, AbstractIntegrator) or (
+            isinstance(system, type) and issubclass(system, AbstractIntegrator)):
+        raise TypeError(f"system must be a vijax.LagrangianSystem, got the integrator "
+                        f"{_name(system)}: the arguments are swapped; call "
+                        f"simulate(system, integrator, ...).")
+    if isinstance(integrator, type) and issubclass(integrator, AbstractIntegrator):
+        presets = integrator.presets() if not inspect.isabstract(integrator) else []
+        example = f"vijax.{presets[0][0]}" if presets else "vijax.VPRK.gauss(2)"
+        raise TypeError(f"integrator must be a vijax integrator instance, got the class "
+                        f"{integrator.__name__}; pass an instance, e.g. {example}.")
+    if not isinstance(integrator, AbstractIntegrator):
+        raise TypeError(f"integrator must be a vijax integrator (e.g. vijax.VPRK.gauss(2)), "
+                        f"got {_name(integrator)}.")
+    base = integrator.system_type
+    if isinstance(system, type) and issubclass(system, base):
+        raise TypeError(f"system must be a vijax.{base.__name__} instance, got the class "
+                        f"{system.__name__}; pass an instance, e.g. {system.__name__}().")
+    integrator.check_system(system)
+
+
+def _name(x) -> str:
+    return x.__name__ if isinstance(x, type) else type(x).__name__
+
+
+def _static_count(name: str, n) -> int:
+    """``n_steps`` and ``save_every`` fix array shapes: they must be positive Python ints."""
+    if isinstance(n, jax.core.Tracer):
+        raise ValueError(
+            f"{name} must be a positive Python int known when tracing (static): it fixes the "
+            f"number of steps and the shape of the saved arrays, but it is traced here "
+            f"({type(n).__name__}), as every argument of a jax.jit-compiled function is. Mark "
+            f"it static, "
+            f"jax.jit(f, static_argnums=...) or jax.jit(f, static_argnames=...), or compile "
+            f"with equinox.filter_jit, which keeps Python ints static.")
+    if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n <= 0:
+        raise ValueError(f"{name} must be a positive Python int, got {n!r}"
+                         + ("; pass int(...) of it." if isinstance(n, jax.Array) else "."))
+    return int(n)  # numpy integers -> static ints
 
 
 def _vector(name: str, x, ndim_expected: Optional[int]) -> Array:
@@ -94,150 +251,105 @@ def _vector(name: str, x, ndim_expected: Optional[int]) -> Array:
             f"jnp.asarray({name}, dtype=jnp.float64) (with jax_enable_x64) or float32."
         )
     if ndim_expected is not None and x.shape[0] != ndim_expected:
-        raise ValueError(f"{name} has {x.shape[0]} components but the system has "
-                         f"ndim = {ndim_expected}.")
+        raise ValueError(f"{name} has {x.shape[0]} component{'s' if x.shape[0] != 1 else ''} "
+                         f"but the system has ndim = {ndim_expected}; pass {name} of length "
+                         f"{ndim_expected}.")
     return x
 
 
-class PrecisionWarning(UserWarning):
-    """Float64 input computed in float32 because JAX's x64 mode is off."""
-
-
-_warned_precision = False
-
-
-def _warn_if_float64_is_truncated(**inputs) -> None:
-    """Warn once per process when float64 input meets JAX without x64 (silently float32)."""
-    global _warned_precision
-    if _warned_precision or jax.config.jax_enable_x64:
-        return
-    wide = [name for name, x in inputs.items()
-            if x is not None and not _is_traced(x) and np.asarray(x).dtype == np.float64
-            and not isinstance(x, float)]
-    if wide:
-        _warned_precision = True
-        warnings.warn(
-            f"{', '.join(wide)} {'is' if len(wide) == 1 else 'are'} float64 but JAX's x64 mode "
-            f"is off, so the run is computed in float32 (energy errors near 1e-5 instead of "
-            f"1e-9). Enable float64 at start-up with jax.config.update(\"jax_enable_x64\", True), "
-            f"or pass float32 arrays to silence this.", PrecisionWarning, stacklevel=3)
-
-
-def _static_int(name: str, value) -> int:
-    if _is_traced(value) or isinstance(value, jax.Array):
-        raise TypeError(
-            f"{name} must be a static Python int (it fixes the length of the compiled loop), "
-            f"got a JAX array or tracer: under jax.jit mark it static, e.g. "
-            f"jax.jit(f, static_argnames=\"{name}\") or static_argnums, or use "
-            f"equinox.filter_jit, which keeps Python ints static.")
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive Python int, got {value!r}.")
-    return int(value)  # numpy integers -> static ints
-
-
-def _check_finite(name: str, x, what: str):
-    """``x`` unchanged; raises (concrete) or fails at run time (traced) if not finite."""
-    if _is_traced(x):
-        return eqx.error_if(x, ~jnp.all(jnp.isfinite(x)), f"simulate: {what} is not finite.")
-    if not bool(np.all(np.isfinite(np.asarray(x)))):
-        raise ValueError(f"{what} is not finite: {np.asarray(x)}.")
-    return x
-
-
-def _check_parameters(system):
-    """Every floating parameter of the system finite, named in the message when not."""
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(system)
-    checked = []
-    for path, x in leaves:
-        if isinstance(x, float) or (isinstance(x, (jax.Array, np.ndarray, np.generic))
-                                    and jnp.issubdtype(x.dtype, jnp.inexact)):
-            name = f"{type(system).__name__}{jax.tree_util.keystr(path)}"
-            x = _check_finite(name, x, f"the parameter {name}")
-        checked.append(x)
-    return jax.tree_util.tree_unflatten(treedef, checked)
-
-
-def _check_dt(dt):
-    message = "dt must be positive and finite"
-    if _is_traced(dt):
-        return eqx.error_if(dt, ~(jnp.isfinite(dt) & (dt > 0)), f"simulate: {message}.")
-    if not (float(dt) > 0 and np.isfinite(float(dt))):
-        raise ValueError(f"{message}, got {float(dt)}.")
-    return dt
-
-
-_SINGULAR = ("The velocity Hessian d2L/dv2 of {name} is singular at the initial state{detail}: "
-             "the Lagrangian is degenerate there, so the Legendre map cannot be inverted and "
-             "the variational stage equations have no unique solution. Check the kinetic "
-             "energy (every coordinate needs inertia; a q0 longer than the system's "
-             "coordinates looks like this: declare ndim on the system to have its length "
-             "checked) or choose an initial state away from the singular configuration.")
-
-
-def _check_regular(system, q0, v0):
-    """Refuse a Lagrangian whose velocity Hessian is singular at the initial state; returns
-    ``q0`` (carrying the run-time check when traced)."""
-    hess = system.velocity_hessian(q0, v0)
-    name = type(system).__name__
-    if _is_traced(hess):
-        sv = jnp.linalg.svd(hess, compute_uv=False)
-        eps = jnp.finfo(hess.dtype).eps
-        singular = ~(sv[-1] > 1e3 * eps * sv[0]) | ~jnp.all(jnp.isfinite(hess))
-        return eqx.error_if(q0, singular, _SINGULAR.format(name=name, detail=""))
-    hess = np.asarray(hess)
-    eps = np.finfo(hess.dtype).eps
-    cond = np.linalg.cond(hess) if np.all(np.isfinite(hess)) else np.inf
-    if not cond < 1.0 / (1e3 * eps):
-        detail = f" (condition number {cond:.3g})"
-        zero = np.flatnonzero(np.all(hess == 0, axis=1))
-        if zero.size:
-            n = hess.shape[0]
-            detail += (
-                f"; coordinates {zero.tolist()} of q0 (length {n}) do not enter the kinetic "
-                f"energy: if the system has {n - zero.size} coordinates, pass q0 of that length")
-        raise ValueError(_SINGULAR.format(name=name, detail=detail))
-    return q0
-
-
-def _initial_velocity(system, q0, v0, p0):
+def _check_shapes(q0, v0, p0):
+    """The one of ``v0``/``p0`` that is given, as a vector shaped like ``q0``."""
     if (v0 is None) == (p0 is None):
         raise ValueError("Give exactly one of v0 (velocities) or p0 (momenta); "
                          + ("both were given." if v0 is not None else "neither was given."))
-    if v0 is not None:
-        v0 = _vector("v0", v0, None)
-        if v0.shape != q0.shape:
-            raise ValueError(f"v0 has shape {v0.shape} but q0 has shape {q0.shape}.")
-        return v0.astype(q0.dtype)
-    p0 = _vector("p0", p0, None)
-    if p0.shape != q0.shape:
-        raise ValueError(f"p0 has shape {p0.shape} but q0 has shape {q0.shape}.")
-    q0 = _check_regular(system, q0, jnp.zeros_like(q0))
-    v0 = system.velocity(q0, p0.astype(q0.dtype))
-    if _is_traced(v0):
-        return eqx.error_if(v0, ~jnp.all(jnp.isfinite(v0)),
-                            "simulate: the inverse Legendre map failed at (q0, p0); pass v0 "
-                            "instead of p0.")
-    if not bool(np.all(np.isfinite(np.asarray(v0)))):
-        raise ValueError(
-            f"The inverse Legendre map of {type(system).__name__} failed at (q0, p0): no "
-            f"velocity with D2L(q0, v) = p0 was found from v = 0. Pass v0 instead of p0, or "
-            f"override {type(system).__name__}.velocity(q, p, v_guess) with a closed form.")
-    return v0
+    name, x = ("v0", v0) if v0 is not None else ("p0", p0)
+    x = _vector(name, x, None)
+    if x.shape != q0.shape:
+        raise ValueError(f"{name} has shape {x.shape} but q0 has shape {q0.shape}.")
+    return x.astype(q0.dtype)
 
 
-def _check_compatible(system, integrator) -> None:
-    if isinstance(system, AbstractIntegrator):
-        raise TypeError(f"system must be a vijax.LagrangianSystem, got the integrator "
-                        f"{type(system).__name__}: the arguments are swapped; call "
-                        f"simulate(system, integrator, ...).")
-    if not isinstance(integrator, AbstractIntegrator):
-        raise TypeError(f"integrator must be a vijax integrator (e.g. vijax.VPRK.gauss(2)), "
-                        f"got {type(integrator).__name__}.")
-    base = integrator.system_type
-    if isinstance(system, type) and issubclass(system, base):
-        raise TypeError(f"system must be a vijax.{base.__name__} instance, got the class "
-                        f"{system.__name__}; pass an instance, e.g. {system.__name__}().")
-    integrator.check_system(system)
+# -- checks on values: raised at once on concrete values, in the graph on traced ones ----------
+
+def _parameter_checks(system):
+    """``(bad, message, eager message)`` for every floating-point parameter of the system:
+    a non-finite value is named by its field."""
+    out = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(system)[0]:
+        if isinstance(leaf, float) or (
+                isinstance(leaf, (jax.Array, np.ndarray, np.generic))
+                and jnp.issubdtype(leaf.dtype, jnp.inexact)):
+            field = f"{type(system).__name__}{jax.tree_util.keystr(path)}"
+            fix = (f"every floating-point parameter of the system must be a finite number; "
+                   f"pass a finite value for {field}.")
+            out.append((_nonfinite(leaf), f"{field} is not finite: {fix}",
+                        lambda f=field, x=leaf, fix=fix: (
+                            f"{f} is not finite ({_where_nonfinite(x)}): {fix}")))
+    return out
+
+
+def _finite(name: str, x, what: str):
+    """``(bad, message, eager message)`` refusing non-finite entries of ``x``."""
+    return (_nonfinite(x), f"{name} contains non-finite values (nan or inf); pass finite {what}.",
+            lambda: f"{name} contains non-finite values: {np.asarray(x)}; pass finite {what}.")
+
+
+def _singular_messages(system, n: int) -> list[str]:
+    """The singular-Hessian messages: ``[general, k = 1 .. n-1 trailing coordinates without
+    inertia]`` (the latter only when the system does not declare ``ndim``: a too long ``q0``)."""
+    name = type(system).__name__
+    head = f"The velocity Hessian d2L/dv2 of {name} is singular at the initial state"
+    general = (f"{head}: the Lagrangian is degenerate there, so the Legendre map cannot be "
+               f"inverted and the variational stage equations have no unique solution. Check "
+               f"the kinetic energy (every coordinate needs inertia) or choose an initial state "
+               f"away from the singular configuration.")
+    out = [general]
+    for k in range(1, n):
+        out.append(f"{head}: coordinates {list(range(n - k, n))} of q0 (length {n}) do not "
+                   f"enter the kinetic energy: if the system has {n - k} "
+                   f"coordinate{'s' if n - k > 1 else ''} pass q0 of length {n - k} (declare "
+                   f"`ndim` on the system to have it checked); otherwise the Lagrangian is "
+                   f"degenerate: every coordinate needs inertia.")
+    return out
+
+
+def _regular(system, q0, v0):
+    """``(bad, messages, eager message, index)`` refusing a Lagrangian whose velocity Hessian
+    is singular at ``(q0, v0)``, naming the coordinates that carry no inertia (a ``q0`` longer
+    than the system's coordinates shows up as trailing coordinates that do not enter the
+    Lagrangian; a shorter one cannot be seen: JAX clamps out-of-range indices)."""
+    params, static = eqx.partition(system, eqx.is_inexact_array)
+    frozen = eqx.combine(jax.lax.stop_gradient(params), static)
+    hess = frozen.velocity_hessian(jax.lax.stop_gradient(q0), jax.lax.stop_gradient(v0))
+    n = q0.shape[0]
+    messages = _singular_messages(system, n)
+    if _is_traced(hess):
+        sv = jnp.linalg.svd(hess, compute_uv=False)
+        bad = ~(sv[-1] > 1e3 * jnp.finfo(hess.dtype).eps * sv[0])  # also true for NaN
+        zero = jnp.all(hess == 0, axis=0) & jnp.all(hess == 0, axis=1)
+        trailing = jnp.sum(jnp.cumprod(zero[::-1].astype(jnp.int32)))
+        index = jnp.where((jnp.sum(zero) == trailing) & (trailing < n)
+                          & (system.ndim is None), trailing, 0)
+        return bad, messages, None, index
+    hess = np.asarray(hess)
+    sv = np.linalg.svd(hess, compute_uv=False) if np.all(np.isfinite(hess)) else None
+    if sv is not None and sv[-1] > 1e3 * np.finfo(hess.dtype).eps * sv[0]:
+        return False, messages, None, 0
+    zero = [int(i) for i in np.flatnonzero(np.all(hess == 0, axis=0) & np.all(hess == 0, axis=1))]
+    k = len(zero)
+    if 0 < k < n and system.ndim is None and zero == list(range(n - k, n)):
+        return True, messages, None, k
+    if k:
+        eager = (f"The velocity Hessian d2L/dv2 of {type(system).__name__} is singular at the "
+                 f"initial state: coordinates {zero} of q0 (length {n}) do not enter the kinetic "
+                 f"energy, so the Lagrangian is degenerate, the Legendre map cannot be inverted "
+                 f"and the variational stage equations have no unique solution. Check the "
+                 f"kinetic energy (every coordinate needs inertia).")
+    else:
+        cond = np.inf if sv is None or sv[-1] == 0 else sv[0] / sv[-1]
+        eager = messages[0].replace("initial state:",
+                                    f"initial state (condition number {cond:.3g}):", 1)
+    return True, messages, lambda: eager, 0
 
 
 @eqx.filter_jit
@@ -310,51 +422,88 @@ def simulate(
 
     Give the initial velocity ``v0`` or the initial momentum ``p0`` (exactly one).  States
     are saved every ``save_every`` steps (``n_steps`` must be a multiple); only saved states
-    are stored.  Works under :func:`jax.jit`, :func:`jax.vmap` (ensembles) and
-    :func:`jax.grad` (with respect to the initial state, ``dt`` and every system parameter).
-    A stage solve that fails to converge raises :class:`~vijax.solvers.ConvergenceError`
-    naming the step (``throw=True``, the default; under :func:`jax.jit` and
-    :func:`jax.vmap` a run-time error, and one failed ensemble member fails the call).  With
-    ``throw=False`` the run returns, the failure is recorded in ``Solution.stats``
-    (``converged``, ``failed_step``) and every derivative through it is NaN.  Bad input
-    (non-finite ``q0``, ``v0``, ``dt`` or system parameters, ``dt <= 0``, a singular velocity
-    Hessian) raises a ``ValueError`` naming it, also under :func:`jax.jit` (then at run
-    time).  The working dtype is that of ``q0``.
+    are stored.  ``n_steps`` and ``save_every`` fix array shapes, so they are static Python
+    ints (under :func:`jax.jit` mark them static, or use :func:`equinox.filter_jit`).  Works
+    under :func:`jax.jit`, :func:`jax.vmap` (ensembles) and :func:`jax.grad` (with respect to
+    the initial state, ``dt`` and every system parameter).  The working dtype is that of
+    ``q0``; float64 input met with JAX's 64-bit mode off warns (:class:`PrecisionWarning`).
+
+    Bad input raises an error that names the fix, under ``jit`` as well: shapes, dtypes and
+    types at trace time, values (``dt``, non-finite ``q0``/``v0``/``p0`` or parameters, a
+    singular velocity Hessian) through :func:`equinox.error_if` in the compiled graph.
+
+    A stage solve that does not converge raises (``throw=True``, the default): outside ``jit``
+    a :class:`~vijax.solvers.ConvergenceError` naming the step, time and residual; inside
+    ``jit`` (and under ``vmap``, where one failed lane fails the call) an
+    :func:`equinox.error_if` runtime error.  With ``throw=False`` the run returns whatever the
+    solver produced and records the failure in ``Solution.stats`` (``converged``,
+    ``failed_step``, ``first_failure``), to inspect each lane of an ensemble; a derivative
+    through a failed solve is then NaN.
 
     The integrator decides which systems it accepts (:meth:`AbstractIntegrator.check_system`)
-    and which initial data are consistent (:meth:`AbstractIntegrator.check_initial`); for
-    holonomically constrained systems ``(q0, v0)`` must lie on ``g(q) = 0`` and its hidden
-    constraint ``G(q) v = 0``.  ``project=True`` projects them first
-    (:meth:`LagrangianSystem.project_configuration`, :meth:`~LagrangianSystem.project_velocity`).
+    and which initial data are consistent (:meth:`AbstractIntegrator.check_initial`, also in
+    the graph under ``jit``); for holonomically constrained systems ``(q0, v0)`` must lie on
+    ``g(q) = 0`` and its hidden constraint ``G(q) v = 0``.  ``project=True`` projects them
+    first (:meth:`LagrangianSystem.project_configuration`,
+    :meth:`~LagrangianSystem.project_velocity`).
     """
+    # Static checks: types, Python ints, shapes and dtypes (at trace time under jit).
     _check_compatible(system, integrator)
-    _warn_if_float64_is_truncated(q0=q0, v0=v0, p0=p0)
-    n_steps = _static_int("n_steps", n_steps)
-    save_every = _static_int("save_every", save_every)
+    n_steps = _static_count("n_steps", n_steps)
+    save_every = _static_count("save_every", save_every)
     if n_steps % save_every:
         raise ValueError(f"n_steps = {n_steps} is not a multiple of save_every = {save_every}; "
                          f"choose n_steps = {(n_steps // save_every + 1) * save_every}, say.")
+    _warn_precision(q0=q0, v0=v0, p0=p0, dt=dt)
     q0 = _vector("q0", q0, system.ndim)
+    x0 = _check_shapes(q0, v0, p0)
     dtype = q0.dtype
+    dt = jnp.asarray(dt, dtype)
+    if dt.ndim != 0:
+        raise ValueError(f"dt must be a scalar, got shape {dt.shape}.")
+    t0 = jnp.asarray(t0, dtype)
+    if t0.ndim != 0:
+        raise ValueError(f"t0 must be a scalar, got shape {t0.shape}.")
+
+    # Checks on values: raised here on concrete values, in the graph (eqx.error_if) on traced
+    # ones, with the same wording; each guards all the inputs of the run.
+    inputs = _Inputs(system=system, q0=q0, x0=x0, dt=dt, t0=t0)
+    inputs.refuse(
+        ~(dt > 0) | _nonfinite(dt) if _is_traced(dt) else not 0 < float(dt) < np.inf,
+        "dt must be positive and finite; pass a step size dt > 0.",
+        lambda: f"dt must be positive and finite, got {float(dt)}; pass a step size dt > 0.")
+    inputs.refuse(*_finite("t0", t0, "initial time"))
+    for check in _parameter_checks(system):
+        inputs.refuse(*check)
+    inputs.refuse(*_finite("q0", q0, "initial coordinates"))
+    if project:
+        inputs.set(q0=inputs.system.project_configuration(inputs.q0))
+    if v0 is not None:
+        inputs.refuse(*_finite("v0", x0, "initial velocities"))
+        inputs.set(v0=inputs.x0)
+    else:
+        inputs.refuse(*_finite("p0", x0, "initial momenta"))
+        bad, messages, eager, index = _regular(system, inputs.q0, jnp.zeros_like(q0))
+        inputs.refuse(bad, messages, eager, index=index)
+        v0 = inputs.system.velocity(inputs.q0, inputs.x0)
+        name = type(system).__name__
+        inputs.refuse(
+            _nonfinite(v0),
+            f"The inverse Legendre map of {name} failed at (q0, p0): no velocity with "
+            f"D2L(q0, v) = p0 was found from v = 0. Pass v0 instead of p0, or override "
+            f"{name}.velocity(q, p, v_guess) with a closed form.")
+        inputs.set(v0=v0)
+    if project:
+        inputs.set(v0=inputs.system.project_velocity(inputs.q0, inputs.v0))
+    bad, messages, eager, index = _regular(system, inputs.q0, inputs.v0)
+    inputs.refuse(bad, messages, eager, index=index)
+    system, q0, v0, dt, t0 = (inputs.system, inputs.q0, inputs.v0, inputs.dt, inputs.t0)
+    # the integrator's own consistency checks (raised here, or carried by q0, v0 in the graph)
+    q0, v0 = integrator.check_initial(system, q0, v0, float(jnp.finfo(dtype).eps) ** 0.6)
     # Python-float parameters become arrays of the working dtype: jit then traces them
     # (no recompilation per value) and the system follows the dtype of q0.
     system = jax.tree_util.tree_map(
         lambda x: jnp.asarray(x, dtype) if isinstance(x, float) else x, system)
-    system = _check_parameters(system)
-    dt = jnp.asarray(dt, dtype)
-    if dt.ndim != 0:
-        raise ValueError(f"dt must be a scalar, got shape {dt.shape}.")
-    dt = _check_dt(dt)
-    q0 = _check_finite("q0", q0, "q0")
-    if project:
-        q0 = system.project_configuration(q0)
-    v0 = _initial_velocity(system, q0, v0, p0)
-    v0 = _check_finite("v0", v0, "v0")
-    if project:
-        v0 = system.project_velocity(q0, v0)
-    q0 = _check_regular(system, q0, v0)
-    q0, v0 = integrator.check_initial(system, q0, v0, float(jnp.finfo(dtype).eps) ** 0.6)
-    t0 = jnp.asarray(t0, dtype)
 
     if dense and not isinstance(integrator, AbstractDenseIntegrator):
         raise ValueError(f"{integrator.name} has no dense output; drop dense=True or use a "
@@ -366,19 +515,21 @@ def simulate(
     if throw:
         ok = stats.converged
         if _is_traced(ok):
-            sol = eqx.error_if(
+            sol = _refuse(
                 sol, ~jnp.all(ok),
-                "simulate: an implicit stage solve did not converge (in some ensemble member "
-                "under vmap). Reduce dt, raise the solver's max_steps or use "
-                "solver=vijax.solvers.Newton() for stiff problems; pass throw=False to get "
-                "the run and inspect sol.stats.converged and sol.stats.failed_step.")
+                "vijax.simulate: an implicit stage solve did not converge, so the trajectory "
+                "is wrong from that step on. Reduce dt, or use solver=vijax.solvers.Newton() "
+                "for stiff problems; pass throw=False to get the result anyway and inspect "
+                "sol.stats (converged, failed_step, first_failure), or run without jit to have "
+                "the step named.")
         elif not bool(np.all(np.asarray(ok))):
             k = int(stats.first_failure)
+            residual = float(np.asarray(stats.residual)[k // save_every])
             raise ConvergenceError(
                 f"The stage equations of {integrator.name} did not converge at step {k} "
-                f"(t = {float(t0) + k * float(dt):.6g}; residual "
-                f"{float(np.max(np.asarray(stats.residual))):.3g}). Reduce dt, raise the "
-                f"solver's max_steps, or use solver=vijax.solvers.Newton() for stiff problems "
-                f"(throw=False returns the run with its statistics instead)."
+                f"(t = {float(t0) + k * float(dt):.6g}; residual {residual:.3g}), so the "
+                f"trajectory is wrong from that step on. Reduce dt, raise the solver's max_steps, or use "
+                f"solver=vijax.solvers.Newton() for stiff problems; pass throw=False to get "
+                f"the result anyway and inspect sol.stats (converged, failed_step)."
             )
     return sol
