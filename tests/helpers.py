@@ -22,8 +22,15 @@ from scipy.integrate import solve_ivp
 
 import vijax as vj
 
-__all__ = ["SpringPendulum", "SPRING_CENTRE", "Reference", "spring_pendulum_reference",
-           "pendulum_initial", "double_pendulum_3d_initial", "constraint_residuals"]
+__all__ = [
+    "SPRING_CENTRE",
+    "Reference",
+    "SpringPendulum",
+    "constraint_residuals",
+    "double_pendulum_3d_initial",
+    "pendulum_initial",
+    "spring_pendulum_reference",
+]
 
 SPRING_CENTRE = (0.3, 0.2)
 
@@ -34,7 +41,7 @@ class SpringPendulum(vj.MechanicalSystem, vj.HolonomicSystem):
     differentiable parameters (``k = 0``: the plain Cartesian pendulum)."""
 
     k: float = 0.0
-    l: float = 1.0  # noqa: E741
+    l: float = 1.0
     gravity: float = 9.81
 
     def mass_matrix(self, q):
@@ -55,7 +62,7 @@ class Reference(NamedTuple):
 
 
 def spring_pendulum_reference(t, *, k: float, theta0: float, omega0: float = 0.0,
-                              gravity: float = 9.81, l: float = 1.0) -> Reference:  # noqa: E741
+                              gravity: float = 9.81, l: float = 1.0) -> Reference:
     """:class:`SpringPendulum` from the angle ``theta0`` (from the downward vertical) and
     angular velocity ``omega0``, by DOP853 (rtol 1e-13, atol 1e-15) on the angle ODE
     ``l² theta'' = -grad V . dq/dtheta``.

@@ -18,13 +18,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import (
+    SpringPendulum,
+    constraint_residuals,
+    double_pendulum_3d_initial,
+    pendulum_initial,
+    spring_pendulum_reference,
+)
 
 import vijax as vj
 from vijax import constraints as cons
 from vijax.systems.constrained import DoublePendulum3D
-
-from helpers import (SpringPendulum, constraint_residuals, double_pendulum_3d_initial,
-                     pendulum_initial, spring_pendulum_reference)
 
 T = 1.0
 GRAV = 9.81  # SpringPendulum's default gravity
@@ -295,7 +299,7 @@ def test_rank_deficiency_behind_condition_2():
         d = np.linspace(0.0, 1.0, s + 1)[1:, None]
         X0 = (d * v0[None, :], jnp.full((w, 1), 0.3 * h))
         flat, unravel = jax.flatten_util.ravel_pytree(X0)
-        f = lambda x: jax.flatten_util.ravel_pytree(  # noqa: E731
+        f = lambda x: jax.flatten_util.ravel_pytree(
             integ._equations(system, state, jnp.asarray(h), unravel(x))[0])[0]
         sv = np.linalg.svd(np.asarray(jax.jit(jax.jacfwd(f))(flat)), compute_uv=False)
         return sv[-1] / sv[0]

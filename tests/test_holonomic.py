@@ -11,11 +11,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import (
+    SpringPendulum,
+    constraint_residuals,
+    double_pendulum_3d_initial,
+    pendulum_initial,
+    spring_pendulum_reference,
+)
 
 import vijax as vj
-
-from helpers import (SpringPendulum, constraint_residuals, double_pendulum_3d_initial,
-                      pendulum_initial, spring_pendulum_reference)
 
 T = 2.0
 GRAVITY = 1.0  # L = |v|²/2 - y

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
