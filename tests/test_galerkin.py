@@ -18,45 +18,30 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy.integrate import solve_ivp
+from helpers import (
+    SpringPendulum,
+    constraint_residuals,
+    double_pendulum_3d_initial,
+    pendulum_initial,
+    spring_pendulum_reference,
+)
 
 import vijax as vj
 from vijax import constraints as cons
 from vijax.systems.constrained import DoublePendulum3D
 
 T = 1.0
-GRAV = 9.81
+GRAV = 9.81  # SpringPendulum's default gravity
 THETA0, OMEGA0 = 1.0, 0.5
 
 
-class SpringPendulum(vj.MechanicalSystem, vj.HolonomicSystem):
-    """Cartesian pendulum of length l (Lagrangian (69), planar case) plus a spring ½k|q - c|²
-    (a nonlinear potential); l and k are differentiable parameters."""
-
-    k: float = 0.0
-    l: float = 1.0
-
-    def mass_matrix(self, q):
-        return jnp.eye(2, dtype=q.dtype)
-
-    def potential(self, q):
-        c = jnp.array([0.3, 0.2], dtype=q.dtype)
-        return GRAV * q[1] + 0.5 * self.k * jnp.sum((q - c) ** 2)
-
-    def holonomic(self, q):
-        return jnp.atleast_1d(0.5 * (q @ q - self.l ** 2))
-
-
 def initial():
-    q0 = jnp.array([np.sin(THETA0), -np.cos(THETA0)])
-    v0 = OMEGA0 * jnp.array([np.cos(THETA0), np.sin(THETA0)])
-    return q0, v0
+    return pendulum_initial(THETA0, OMEGA0)
 
 
 def dp_initial():
     """Our double-pendulum initial data with the velocity projected onto G v = 0."""
-    q0, v0 = DoublePendulum3D.initial_conditions()
-    return q0, cons.project_velocity(DoublePendulum3D(), q0, v0)
+    return double_pendulum_3d_initial()
 
 
 _REF_CACHE = {}
@@ -67,23 +52,9 @@ def reference(k: float, h: float, n: int, pad: int = 0):
     that every step size shares one compiled error loop."""
     key = (k, h, n, pad)
     if key not in _REF_CACHE:
-        c = np.array([0.3, 0.2])
-
-        def rhs(t, y):
-            th, om = y
-            q = np.array([np.sin(th), -np.cos(th)])
-            dq = np.array([np.cos(th), np.sin(th)])
-            return [om, (-np.array([0.0, GRAV]) - k * (q - c)) @ dq]
-
         t = h * np.arange(n + 1)
-        r = solve_ivp(rhs, (0, t[-1]), [THETA0, OMEGA0], method="DOP853", rtol=1e-13,
-                      atol=1e-15, t_eval=t)
-        th, om = r.y
-        q = np.stack([np.sin(th), -np.cos(th)], 1)
-        v = om[:, None] * np.stack([np.cos(th), np.sin(th)], 1)
-        # eq. (70) for this system: lam = |v|^2 - q . grad V (with |q| = 1).
-        gradv = np.array([0.0, GRAV]) + k * (q - c)
-        lam = (np.sum(v * v, 1) - np.sum(q * gradv, 1))[:, None]
+        ref = spring_pendulum_reference(t, k=k, theta0=THETA0, omega0=OMEGA0, gravity=GRAV)
+        q, v, lam = ref.q, ref.v, ref.lam[:, None]
         rows = max(pad, n) + 1
         _REF_CACHE[key] = tuple(
             jnp.asarray(np.concatenate([a, np.zeros((rows - n - 1, a.shape[1]))]))
@@ -328,7 +299,7 @@ def test_rank_deficiency_behind_condition_2():
         d = np.linspace(0.0, 1.0, s + 1)[1:, None]
         X0 = (d * v0[None, :], jnp.full((w, 1), 0.3 * h))
         flat, unravel = jax.flatten_util.ravel_pytree(X0)
-        f = lambda x: jax.flatten_util.ravel_pytree(  # noqa: E731
+        f = lambda x: jax.flatten_util.ravel_pytree(
             integ._equations(system, state, jnp.asarray(h), unravel(x))[0])[0]
         sv = np.linalg.svd(np.asarray(jax.jit(jax.jacfwd(f))(flat)), compute_uv=False)
         return sv[-1] / sv[0]
@@ -372,10 +343,9 @@ def test_double_pendulum_angular_momentum(integ):
     if integ.mode == "paper":
         iz_raw = jax.vmap(system.angular_momentum_z)(sol.q[1:-1], sol.states.p_raw[2:])
         assert np.max(np.abs(iz_raw - iz[0])) <= 1e-11
-    g = jax.vmap(system.holonomic)(sol.q)
-    assert np.max(np.abs(g)) <= 1e-12
-    hidden = jax.vmap(lambda q, v: cons.hidden_constraint(system, q, v))(sol.q, sol.v)
-    assert np.max(np.abs(hidden)) <= 1e-12
+    g, hidden = constraint_residuals(system, sol.q, sol.v)
+    assert g <= 1e-12
+    assert hidden <= 1e-12
 
 
 def test_energy_bounded_over_1e5_steps():
@@ -451,30 +421,9 @@ def test_paper_mode_is_reversible_on_configurations_only():
     assert np.max(np.abs(qb - q0)) <= 1e-12 and np.max(np.abs(qb_raw - q0)) <= 1e-12
 
 
-def _manifold_symplecticity_defect(system, integ, q, p, h):
-    """max |B^T (J^T Omega J - Omega) B| with B an orthonormal basis of the tangent space of
-    T^*C = {g = 0, G H_p = 0} at (q, p) (symplecticity, §3.4.1)."""
-    n = q.shape[0]
-
-    def flow(z):
-        state = integ.init(system, 0.0, z[:n], z[:n] * 0)
-        state = eqx.tree_at(lambda s: (s.q, s.p), state, (z[:n], z[n:]))
-        new, _ = integ.step(system, state, h)
-        return jnp.concatenate([new.q, new.p])
-
-    def manifold(z):
-        qq, pp = z[:n], z[n:]
-        return jnp.concatenate([system.holonomic(qq),
-                                cons.constraint_jacobian(system, qq) @ system.velocity(qq, pp)])
-
-    z = jnp.concatenate([q, p])
-    C = np.asarray(jax.jit(jax.jacfwd(manifold))(z))
-    _, sv, vt = np.linalg.svd(C)
-    B = vt[np.sum(sv > 1e-12):].T
-    J = np.asarray(jax.jit(jax.jacfwd(flow))(z))
-    eye, zero = np.eye(n), np.zeros((n, n))
-    omega = np.block([[zero, eye], [-eye, zero]])
-    return np.max(np.abs(B.T @ (J.T @ omega @ J - omega) @ B)), np.max(np.abs(B.T @ (J.T @ omega @ J) @ B))
+# max |B^T (J^T Omega J - Omega) B| with B an orthonormal basis of the tangent space of
+# T^*C = {g = 0, G H_p = 0} (symplecticity, §3.4.1): vijax.diagnostics.
+_symplectic_forms = eqx.filter_jit(vj.diagnostics.symplectic_forms)
 
 
 @pytest.mark.parametrize("integ", [vj.GalerkinVI.rattle(), vj.GalerkinVI.gauss(2),
@@ -487,8 +436,9 @@ def test_symplectic_on_the_constraint_manifold(integ):
     system = DoublePendulum3D()
     q0, v0 = dp_initial()
     sol = _run(integ, system, q0, v0, 0.1, 3)
-    defect, scale = _manifold_symplecticity_defect(system, integ, sol.q[-1], sol.p[-1], 0.1)
-    assert scale > 0.1
+    forms = _symplectic_forms(system, integ, sol.final_state, 0.1)
+    defect = np.max(np.abs(forms.pulled_back - forms.original))
+    assert np.max(np.abs(forms.pulled_back)) > 0.1
     assert defect <= 1e-10
 
 
@@ -507,7 +457,8 @@ def test_symplecticity_check_fails_for_a_non_symplectic_map():
 
     bad = Damped(2, 2)
     sol = _run(integ, system, q0, v0, 0.1, 3)
-    defect, _ = _manifold_symplecticity_defect(system, bad, sol.q[-1], sol.p[-1], 0.1)
+    defect = eqx.filter_jit(vj.diagnostics.symplecticity_defect)(system, bad, sol.final_state,
+                                                                 0.1)
     assert defect > 1e-3
 
 

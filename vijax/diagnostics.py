@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+import functools
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from . import constraints
+from .integrators import ConstrainedDGState, GalerkinState
+from .systems import HolonomicSystem
 
 __all__ = [
     "energy",
@@ -17,6 +23,9 @@ __all__ = [
     "DriftFit",
     "drift",
     "symplecticity_defect",
+    "symplectic_forms",
+    "SymplecticForms",
+    "step_momentum",
     "euler_lagrange_rhs",
     "reference_solution",
     "ConvergenceStudy",
@@ -111,25 +120,104 @@ def drift(t, err, *, n_blocks: int = 50) -> DriftFit:
     return DriftFit(float(coef[0]), float(np.sqrt(cov[0, 0])), float(np.max(np.abs(err))))
 
 
-def symplecticity_defect(system, integrator, state, h) -> jax.Array:
-    """``max |J^T Omega J - Omega|`` for the one-step map ``(q, p) -> (q', p')``.
+@functools.singledispatch
+def step_momentum(state) -> Callable:
+    """Where the one-step map of ``state``'s integrator reads its momentum.
 
-    ``J`` is the Jacobian of :meth:`integrator.step` by :func:`jax.jacfwd` (through the
-    implicit function theorem at the converged stage solution).
+    Returns ``where(state) -> tuple`` of the momentum fields the step reads (all are set to
+    the same value by :func:`symplectic_forms`; the first is read back from the new state).
+    Default ``(state.p,)``.  Families whose step is symplectic in another variable register
+    their state type (``step_momentum.register(MyState, lambda state: ...)``):
+
+    * :class:`vijax.integrators.ConstrainedDGState`: ``p_z`` (Muehlebach, Heimsch & Glocker
+      (2016), eq. (38)), whose normal part is gauge;
+    * :class:`vijax.GalerkinState`: ``p`` (projected mode) and ``pi`` (paper mode, the
+      incoming momentum of Wenger, Ober-Blöbaum & Leyendecker (2017), eq. (22)).
     """
-    n = state.q.shape[0]
+    return lambda s: (s.p,)
+
+
+@step_momentum.register
+def _(state: ConstrainedDGState):
+    return lambda s: (s.pz,)
+
+
+@step_momentum.register
+def _(state: GalerkinState):
+    return lambda s: (s.p, s.pi)
+
+
+class SymplecticForms(NamedTuple):
+    """The canonical 2-form before and after one step, restricted to the phase space:
+    ``original = B^T Omega B`` and ``pulled_back = B^T J^T Omega J B`` (see
+    :func:`symplectic_forms`)."""
+
+    pulled_back: jax.Array
+    original: jax.Array
+
+
+def symplectic_forms(system, integrator, state, h) -> SymplecticForms:
+    """``B^T J^T Omega J B`` and ``B^T Omega B`` for the one-step map at ``state``.
+
+    ``J`` is the Jacobian of ``(q, p) -> (q', p')`` (:meth:`integrator.step` from ``state``
+    with its ``q`` and momentum replaced, see :func:`step_momentum`), by :func:`jax.jacfwd`
+    (through the implicit function theorem at the converged stage solution), and
+    ``Omega = [[0, I], [-I, 0]]``.
+
+    ``B`` is an orthonormal basis of the phase space at ``(state.q, state.p)``: the identity
+    for an unconstrained system; for a :class:`vijax.HolonomicSystem` the tangent space of
+    ``T^*C = {g(q) = 0, G(q) H^{-1}(q, p) p = 0}`` (``H^{-1} p`` the inverse Legendre map),
+    i.e. the null space of the Jacobian of those ``2m`` equations (Wenger, Ober-Blöbaum &
+    Leyendecker (2017), §3.4.1; Muehlebach, Heimsch & Glocker (2016), §4.2.3).  On ``T^*C``
+    the restricted form is non-degenerate, and a momentum shift along ``G(q)^T`` (the gauge
+    of schemes that carry an unprojected momentum) does not change it, so the check applies
+    whichever representative of the momentum the step returns.  ``state.p`` must lie on
+    ``T^*C`` (every vijax holonomic state's ``p`` does).  Works under :func:`jax.jit`.
+    """
+    q, p = state.q, state.p
+    n = q.shape[0]
+    where = step_momentum(state)
+    k = len(where(state))
 
     def flow(z):
-        new, _ = integrator.step(system, eqx.tree_at(lambda s: (s.q, s.p), state, (z[:n], z[n:])), h)
-        return jnp.concatenate([new.q, new.p])
+        qq, pp = z[:n], z[n:]
+        start = eqx.tree_at(lambda s: (s.q,) + tuple(where(s)), state, (qq,) + (pp,) * k)
+        new, _ = integrator.step(system, start, h)
+        return jnp.concatenate([new.q, where(new)[0]])
 
-    z = jnp.concatenate([state.q, state.p])
+    z = jnp.concatenate([q, p])
     jac = jax.jacfwd(flow)(z)
     eye = jnp.eye(n, dtype=z.dtype)
     zero = jnp.zeros((n, n), dtype=z.dtype)
     omega = jnp.block([[zero, eye], [-eye, zero]])
-    return jnp.max(jnp.abs(jac.T @ omega @ jac - omega))
+    pulled_back = jac.T @ omega @ jac
+    if not isinstance(system, HolonomicSystem):
+        return SymplecticForms(pulled_back=pulled_back, original=omega)
 
+    def manifold(z):
+        qq, pp = z[:n], z[n:]
+        vv = system.velocity(qq, pp)
+        return jnp.concatenate([system.holonomic(qq),
+                                constraints.constraint_jacobian(system, qq) @ vv])
+
+    rows = jax.jacfwd(manifold)(z)
+    _, _, vt = jnp.linalg.svd(rows, full_matrices=True)
+    basis = vt[rows.shape[0]:].T  # the null space (the 2m rows are independent)
+    return SymplecticForms(pulled_back=basis.T @ pulled_back @ basis,
+                           original=basis.T @ omega @ basis)
+
+
+def symplecticity_defect(system, integrator, state, h) -> jax.Array:
+    """``max |B^T (J^T Omega J - Omega) B|`` of the one-step map at ``state``: zero (to
+    round-off) for a symplectic method.
+
+    ``B = I`` for an unconstrained system, i.e. ``max |J^T Omega J - Omega|``; for a
+    :class:`vijax.HolonomicSystem` ``B`` spans the tangent space of the constraint manifold
+    ``T^*C`` (see :func:`symplectic_forms`).  ``J`` is taken in the variables the method's
+    step map uses (:func:`step_momentum`).
+    """
+    forms = symplectic_forms(system, integrator, state, h)
+    return jnp.max(jnp.abs(forms.pulled_back - forms.original))
 
 
 def euler_lagrange_rhs(system):

@@ -1,0 +1,119 @@
+"""Test systems and reference solutions shared by several test modules.
+
+* :class:`SpringPendulum`: the planar pendulum in Cartesian coordinates (Lagrangian (69) of
+  Wenger, Ober-Blöbaum & Leyendecker (2017), planar case; unit mass) with an optional spring
+  ½k|q - c|², c = (0.3, 0.2): a nonlinear potential on which schemes that coincide under
+  uniform gravity differ (there the Lagrangian integrand is a polynomial that every admissible
+  quadrature integrates exactly).  Gravity, length and spring constant are parameters.
+* :func:`spring_pendulum_reference`: its reference solution from the angle ODE (DOP853, rtol
+  1e-13), with the multiplier of eq. (70) of Wenger et al. (2017).
+* :func:`pendulum_initial`, :func:`double_pendulum_3d_initial`: initial data on ``T C``.
+* :func:`constraint_residuals`: ``max |g(q_k)|`` and ``max |G(q_k) v_k|`` over saved rows.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy.integrate import solve_ivp
+
+import vijax as vj
+
+__all__ = [
+    "SPRING_CENTRE",
+    "Reference",
+    "SpringPendulum",
+    "constraint_residuals",
+    "double_pendulum_3d_initial",
+    "pendulum_initial",
+    "spring_pendulum_reference",
+]
+
+SPRING_CENTRE = (0.3, 0.2)
+
+
+class SpringPendulum(vj.MechanicalSystem, vj.HolonomicSystem):
+    """Unit point mass on ``|q| = l`` in the plane, ``g = (|q|² - l²)/2``, potential
+    ``gravity * y + ½k|q - c|²`` with ``c = (0.3, 0.2)``; ``k``, ``l`` and ``gravity`` are
+    differentiable parameters (``k = 0``: the plain Cartesian pendulum)."""
+
+    k: float = 0.0
+    l: float = 1.0
+    gravity: float = 9.81
+
+    def mass_matrix(self, q):
+        return jnp.eye(2, dtype=q.dtype)
+
+    def potential(self, q):
+        c = jnp.array(SPRING_CENTRE, dtype=q.dtype)
+        return self.gravity * q[1] + 0.5 * self.k * jnp.sum((q - c) ** 2)
+
+    def holonomic(self, q):
+        return jnp.atleast_1d(0.5 * (q @ q - self.l ** 2))
+
+
+class Reference(NamedTuple):
+    q: np.ndarray    # (..., 2)
+    v: np.ndarray    # (..., 2)
+    lam: np.ndarray  # (...,): multiplier, eq. (70) of Wenger et al. (2017)
+
+
+def spring_pendulum_reference(t, *, k: float, theta0: float, omega0: float = 0.0,
+                              gravity: float = 9.81, l: float = 1.0) -> Reference:
+    """:class:`SpringPendulum` from the angle ``theta0`` (from the downward vertical) and
+    angular velocity ``omega0``, by DOP853 (rtol 1e-13, atol 1e-15) on the angle ODE
+    ``l² theta'' = -grad V . dq/dtheta``.
+
+    ``t`` a scalar: the state at ``t`` (the solver's last step lands on it); ``t`` a 1-D array
+    of increasing times from 0: the states there (dense output), rows aligned with ``t``.
+    """
+    c = np.array(SPRING_CENTRE)
+
+    def rhs(_, y):
+        th, om = y
+        q = l * np.array([np.sin(th), -np.cos(th)])
+        dq = l * np.array([np.cos(th), np.sin(th)])       # dq/dtheta
+        force = -np.array([0.0, gravity]) - k * (q - c)   # -grad V
+        return [om, (force @ dq) / l ** 2]
+
+    t = np.asarray(t, dtype=np.float64)
+    if t.ndim == 0:
+        r = solve_ivp(rhs, (0, float(t)), [theta0, omega0], method="DOP853", rtol=1e-13,
+                      atol=1e-15)
+        th, om = r.y[:, -1]
+    else:
+        r = solve_ivp(rhs, (0, t[-1]), [theta0, omega0], method="DOP853", rtol=1e-13,
+                      atol=1e-15, t_eval=t)
+        th, om = r.y
+    q = l * np.stack([np.sin(th), -np.cos(th)], -1)
+    v = (l * om)[..., None] * np.stack([np.cos(th), np.sin(th)], -1)
+    # eq. (70) for this system: lam = (|v|² - q . grad V) / l².
+    gradv = np.array([0.0, gravity]) + k * (q - c)
+    lam = (np.sum(v * v, -1) - np.sum(q * gradv, -1)) / l ** 2
+    return Reference(q, v, lam)
+
+
+def pendulum_initial(theta0: float, omega0: float = 0.0):
+    """``(q0, v0)`` of the unit-length planar pendulum at angle ``theta0`` from the downward
+    vertical with angular velocity ``omega0`` (consistent: ``g = 0``, ``G v = 0``)."""
+    q0 = jnp.array([np.sin(theta0), -np.cos(theta0)])
+    v0 = omega0 * jnp.array([np.cos(theta0), np.sin(theta0)])
+    return q0, v0
+
+
+def double_pendulum_3d_initial():
+    """:meth:`DoublePendulum3D.initial_conditions` with the velocity projected onto
+    ``G v = 0``."""
+    system = vj.systems.DoublePendulum3D()
+    q0, v0 = system.initial_conditions()
+    return q0, vj.constraints.project_velocity(system, q0, v0)
+
+
+def constraint_residuals(system, q, v):
+    """``(max_k |g(q_k)|, max_k |G(q_k) v_k|)`` over the rows of ``q`` and ``v`` (floats)."""
+    g = jax.vmap(system.holonomic)(q)
+    hidden = jax.vmap(lambda qk, vk: vj.constraints.hidden_constraint(system, qk, vk))(q, v)
+    return float(jnp.max(jnp.abs(g))), float(jnp.max(jnp.abs(hidden)))
