@@ -599,6 +599,7 @@ def test_gradients_unconstrained():
     assert_grad_matches(f, [2 * np.pi / 3, 0.5, L])
 
 
+@pytest.mark.slow  # also in tests/test_contract.py, on every preset
 def test_gradients_constrained():
     """d(q_N, p_N)/d(φ_0, ω_0, l) for the Cartesian pendulum (constrained DG, s = 3)."""
     integ = DGVI(3)

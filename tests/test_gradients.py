@@ -114,6 +114,11 @@ FD_CASES = [
     ("double_pendulum", "gauss2"), ("double_pendulum", "lobatto3"),
     ("kepler", "gauss2"), ("kepler", "lobatto3"),
 ]
+# The pendulum cases (constant mass, as Kepler here and Hénon-Heiles in tests/test_contract.py,
+# which runs every preset) with -m slow.
+FD_PARAMS = [pytest.param(s, m, id=f"{s}-{m}",
+                          marks=[pytest.mark.slow] if s == "pendulum" else [])
+             for s, m in FD_CASES]
 PROBLEMS = {"pendulum": pendulum_problem, "double_pendulum": double_pendulum_problem,
             "kepler": kepler_problem}
 
@@ -123,7 +128,7 @@ PROBLEMS = {"pendulum": pendulum_problem, "double_pendulum": double_pendulum_pro
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("system, method", FD_CASES, ids=[f"{s}-{m}" for s, m in FD_CASES])
+@pytest.mark.parametrize("system, method", FD_PARAMS)
 def test_gradient_matches_finite_differences(system, method):
     problem = PROBLEMS[system](INTEGRATORS[method])
     grad = problem.grad(problem.theta)
@@ -181,6 +186,7 @@ def test_unrolled_iterations_agree_with_implicit_differentiation():
     assert_gradients_close(problem.grad(theta), ift.grad(theta), rtol=1e-10)
 
 
+@pytest.mark.slow  # also in tests/test_contract.py, on every preset
 def test_forward_mode_agrees_with_reverse_mode():
     problem = pendulum_problem(INTEGRATORS["gauss2"])
     grad = problem.grad(problem.theta)

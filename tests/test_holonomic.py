@@ -147,6 +147,7 @@ def test_projection_helpers():
     np.testing.assert_allclose(p, v, atol=1e-15)   # M = I: same projection
 
 
+@pytest.mark.slow  # HolonomicVPRK.lobatto(3) is in tests/test_contract.py (every preset)
 def test_gradient_through_rattle_matches_central_differences():
     def loss(k):
         q0, v0 = initial()

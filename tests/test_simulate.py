@@ -158,6 +158,7 @@ def test_vmapped_ensemble_equals_a_python_loop():
         assert bool(jnp.all(batch.stats.converged[i]))
 
 
+@pytest.mark.slow  # also in tests/test_contract.py, on every preset
 def test_simulate_under_jit():
     def run(q0, v0, dt):
         return vj.simulate(S.DoublePendulum(), GAUSS2, q0=q0, v0=v0, dt=dt, n_steps=8,

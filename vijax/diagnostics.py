@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike
 
 from . import constraints
+from ._typing import BoolScalar, Scalar, ScalarLike, Times, Vector, VectorLike
 from .integrators import ConstrainedDGState, GalerkinState
-from .systems import HolonomicSystem
+from .integrators._base import AbstractIntegrator, AbstractState
+from .simulate import Solution
+from .systems import HolonomicSystem, LagrangianSystem
 
 __all__ = [
     "energy",
@@ -34,12 +38,12 @@ __all__ = [
 ]
 
 
-def energy(system, sol):
+def energy(system: LagrangianSystem, sol: Solution) -> Times:
     """Energy ``E(q, v)`` at every saved point of a :class:`~vijax.Solution`."""
     return jax.vmap(system.energy)(sol.q, sol.v)
 
 
-def energy_error(system, sol, relative: bool = False):
+def energy_error(system: LagrangianSystem, sol: Solution, relative: bool = False) -> Times:
     """``E(t) - E(t0)`` (divided by ``|E(t0)|`` when ``relative``)."""
     e = energy(system, sol)
     err = e - e[0]
@@ -99,7 +103,7 @@ class DriftFit(NamedTuple):
         return self.slope / self.stderr if self.stderr > 0 else 0.0
 
 
-def drift(t, err, *, n_blocks: int = 50) -> DriftFit:
+def drift(t: ArrayLike, err: ArrayLike, *, n_blocks: int = 50) -> DriftFit:
     """Linear drift of an error signal (e.g. energy error) over time.
 
     The signal is averaged over ``n_blocks`` equal blocks before fitting so that the fast
@@ -121,7 +125,7 @@ def drift(t, err, *, n_blocks: int = 50) -> DriftFit:
 
 
 @functools.singledispatch
-def step_momentum(state) -> Callable:
+def step_momentum(state: AbstractState) -> Callable[[AbstractState], tuple[Vector, ...]]:
     """Where the one-step map of ``state``'s integrator reads its momentum.
 
     Returns ``where(state) -> tuple`` of the momentum fields the step reads (all are set to
@@ -156,7 +160,8 @@ class SymplecticForms(NamedTuple):
     original: jax.Array
 
 
-def symplectic_forms(system, integrator, state, h) -> SymplecticForms:
+def symplectic_forms(system: LagrangianSystem, integrator: AbstractIntegrator,
+                     state: AbstractState, h: ScalarLike) -> SymplecticForms:
     """``B^T J^T Omega J B`` and ``B^T Omega B`` for the one-step map at ``state``.
 
     ``J`` is the Jacobian of ``(q, p) -> (q', p')`` (:meth:`integrator.step` from ``state``
@@ -207,7 +212,8 @@ def symplectic_forms(system, integrator, state, h) -> SymplecticForms:
                            original=basis.T @ omega @ basis)
 
 
-def symplecticity_defect(system, integrator, state, h) -> jax.Array:
+def symplecticity_defect(system: LagrangianSystem, integrator: AbstractIntegrator,
+                         state: AbstractState, h: ScalarLike) -> Scalar:
     """``max |B^T (J^T Omega J - Omega) B|`` of the one-step map at ``state``: zero (to
     round-off) for a symplectic method.
 
@@ -220,7 +226,8 @@ def symplecticity_defect(system, integrator, state, h) -> jax.Array:
     return jnp.max(jnp.abs(forms.pulled_back - forms.original))
 
 
-def euler_lagrange_rhs(system):
+def euler_lagrange_rhs(system: LagrangianSystem,
+                       ) -> Callable[[Vector, Vector], tuple[Vector, Vector]]:
     """First-order form ``(q, v)' = (v, a)`` of the Euler--Lagrange equations, by autodiff:
     ``d2L/dv2 a = D1L - (d2L/dv dq) v``, with the system's ``inverse_velocity_hessian`` (closed
     forms up to 3x3, no LAPACK call).  Used for reference solutions and as the vector field of
@@ -234,7 +241,9 @@ def euler_lagrange_rhs(system):
     return rhs
 
 
-def reference_solution(system, q0, v0, t_final, *, rtol: float = 3e-14, atol: float = 1e-16):
+def reference_solution(system: LagrangianSystem, q0: VectorLike, v0: VectorLike, t_final: float,
+                       *, rtol: float = 3e-14,
+                       atol: float = 1e-16) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """High-accuracy ``(q, v, p)`` at ``t_final`` from scipy's DOP853 on the Euler--Lagrange
     equations (an independent reference for convergence studies; needs ``scipy``).
 
@@ -267,8 +276,10 @@ class ConvergenceStudy(NamedTuple):
     order_p: float
 
 
-def convergence_study(system, integrator, q0, v0, t_final, n_steps_list,
-                      reference=None) -> ConvergenceStudy:
+def convergence_study(system: LagrangianSystem, integrator: AbstractIntegrator, q0: VectorLike,
+                      v0: VectorLike, t_final: float, n_steps_list: Sequence[int],
+                      reference: Optional[tuple[ArrayLike, ArrayLike, ArrayLike]] = None,
+                      ) -> ConvergenceStudy:
     """Global errors at ``t_final`` (max-norm in ``q`` and ``p``) for each step count, and the
     fitted orders (:func:`estimate_order`).  ``reference`` is ``(q, v, p)`` at ``t_final``
     (default: :func:`reference_solution`)."""
@@ -293,7 +304,8 @@ def convergence_study(system, integrator, q0, v0, t_final, n_steps_list,
 
 
 @eqx.filter_jit
-def advance(system, integrator, q0, v0, h, n):
+def advance(system: LagrangianSystem, integrator: AbstractIntegrator, q0: VectorLike,
+            v0: VectorLike, h: ScalarLike, n: int) -> tuple[AbstractState, BoolScalar]:
     """``n`` steps of size ``h`` from ``(q0, v0)``; returns the final state and whether every
     stage solve converged.  Pass ``h`` and ``n`` as arrays: the trip count is dynamic, so one
     compilation per (system, method) serves every step size and count (forward mode only;
