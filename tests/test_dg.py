@@ -587,9 +587,11 @@ def assert_grad_matches(f, x, rel=1e-6):
     np.testing.assert_allclose(rev, fd, rtol=1e-6, atol=1e-6 * np.max(np.abs(fd)))
 
 
-def test_gradients_unconstrained():
-    """d(q_N, p_N)/d(q_0, p_0, l) for the Table I pendulum, 8 steps of the s = 3 scheme."""
-    integ = DGVI(3)
+@pytest.mark.parametrize("integ", [DGVI(3), pytest.param(CGVI(2), marks=SLOW)],
+                         ids=["DGVI(3)", "CGVI(2)"])
+def test_gradients_unconstrained(integ):
+    """d(q_N, p_N)/d(q_0, p_0, l) for the Table I pendulum, 8 steps of the s = 3 scheme (and
+    of the continuous-position scheme of degree 2)."""
 
     def f(theta):
         system = vj.systems.Pendulum(m=M, l=theta[2], g=G)
@@ -613,15 +615,3 @@ def test_gradients_constrained():
         return jnp.concatenate([sol.q[-1], sol.p[-1]])
 
     assert_grad_matches(f, [2 * np.pi / 3, 0.4, L])
-
-
-@SLOW
-def test_gradients_continuous_q():
-    integ = CGVI(2)
-
-    def f(theta):
-        system = vj.systems.Pendulum(m=M, l=theta[2], g=G)
-        sol = vj.simulate(system, integ, q0=theta[:1], p0=theta[1:2], dt=0.3, n_steps=8)
-        return jnp.concatenate([sol.q[-1], sol.p[-1]])
-
-    assert_grad_matches(f, [2 * np.pi / 3, 0.5, L])
