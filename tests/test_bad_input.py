@@ -127,7 +127,8 @@ CASES = [
     Case("general-lagrangian-for-a-mass-matrix-method",
          lambda q, v: sim(system=S.GeneralKepler(), integrator=vj.DGVI(2, kinetic_quadrature=2),
                           q0=q, v0=v), (jnp.array([1.0, 0.0]), jnp.array([0.0, 1.0])),
-         ValueError, ("needs a vijax.MechanicalSystem", "single quadrature="), STATIC),
+         vj.IncompatibleSystemError, ("must be a vijax.MechanicalSystem", "kinetic Gauss(2)",
+                                      "vijax.DGVI(1)"), STATIC),
     Case("keyword-only", lambda q, v: vj.simulate(PEND, GAUSS2, q, v, 0.1, 4), (Q0, V0),
          TypeError, ("positional",), STATIC),
     # --- shapes and dtypes (static) -----------------------------------------------------------

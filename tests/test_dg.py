@@ -176,9 +176,9 @@ def test_errors_name_the_fix():
         CGVI(0)
     with pytest.raises(ValueError, match="s-point Gauss"):
         DGVI(3, 4).prk_tableau()
-    with pytest.raises(ValueError, match="MechanicalSystem"):
-        run(vj.systems.GeneralKepler(), DGVI(2, kinetic_quadrature=2), jnp.array([1.0, 0.0]),
-            jnp.array([0.0, 1.0]), 0.1, 2)
+    with pytest.raises(vj.IncompatibleSystemError, match="must be a vijax.MechanicalSystem"):
+        vj.simulate(vj.systems.GeneralKepler(), DGVI(2, kinetic_quadrature=2),
+                    q0=jnp.array([1.0, 0.0]), p0=jnp.array([0.0, 1.0]), dt=0.1, n_steps=2)
     with pytest.raises(ValueError, match="does not support"):
         vj.simulate(CART, CGVI(2), q0=CQ0, p0=CP0, dt=0.1, n_steps=2)
     with pytest.raises(vj.constraints.InconsistentInitialData, match="project"):

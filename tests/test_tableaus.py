@@ -12,8 +12,6 @@ from math import factorial
 import jax
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from vijax import tableaus as T
 

@@ -95,9 +95,8 @@ class AbstractIntegrator(eqx.Module):
         sysname = type(system).__name__
         if not isinstance(system, self.system_type):
             base = self.system_type.__name__
-            raise IncompatibleSystemError(
-                f"system must be a vijax.{base} for {self.name}, got {sysname}; subclass "
-                f"vijax.{base} and implement its abstract methods.")
+            why = (f"system must be a vijax.{base} for {self.name}, got {sysname} (subclass "
+                   f"vijax.{base} and implement its abstract methods)")
         else:
             caps = capabilities(system)
             extra = sorted(c.__name__ for c in caps - self.supported)

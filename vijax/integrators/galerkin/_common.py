@@ -69,6 +69,12 @@ class AbstractContinuousTimeVI(AbstractDenseIntegrator):
 
     symplectic = True
 
+    @property
+    def system_type(self) -> type:
+        """:class:`vijax.MechanicalSystem` with a ``kinetic_quadrature`` (it splits
+        ``H = T + V``), :class:`vijax.LagrangianSystem` otherwise."""
+        return LagrangianSystem if self.kinetic_quadrature is None else MechanicalSystem
+
     @staticmethod
     def _rules(points: int, quadrature, kinetic_quadrature, solver):
         """Validated ``(quadrature, kinetic_quadrature, solver)`` (default Gauss ``points``)."""
@@ -101,10 +107,6 @@ class AbstractContinuousTimeVI(AbstractDenseIntegrator):
         if self.kinetic_quadrature is None:
             return h * quad_sum(self.quadrature, bq, bp, Q, P,
                                  lambda q, p: hamiltonian(system, q, p), dtype)
-        if not isinstance(system, MechanicalSystem):
-            raise ValueError(f"kinetic_quadrature splits H = T + V and needs a "
-                             f"vijax.MechanicalSystem; {type(system).__name__} is not one. Use a "
-                             f"single quadrature= instead.")
         kin = quad_sum(self.kinetic_quadrature, bq, bp, Q, P,
                         lambda q, p: 0.5 * p @ (system.inverse_mass_matrix(q) @ p), dtype)
         pot = quad_sum(self.quadrature, bq, bp, Q, P, lambda q, p: system.potential(q), dtype)
