@@ -12,10 +12,31 @@ themselves, at import time, before any array is created:
 The library works with and without the strict flags (users run with JAX's defaults); tests
 that deliberately exercise loosely written user code relax them locally with
 ``jax.numpy_rank_promotion("allow")`` / ``jax.numpy_dtype_promotion("standard")`` and say why.
+
+Modules marked ``pytestmark = pytest.mark.fast_compile`` run with XLA's optimisation passes
+off (``jax_disable_most_optimizations``): their cost is compiling many small programs that run
+for milliseconds, and optimisation changes results by round-off only (XLA does not reassociate
+floating point without fast-math).  The VPRK order and energy modules
+(``test_vprk_numerics.py``), the solver tests and the paper experiments (``tests/papers/``)
+keep the optimised programs users run.
 """
 
 import jax
+import pytest
 
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+@pytest.fixture(autouse=True)
+def _fast_compilation(request):
+    if request.node.get_closest_marker("fast_compile") is None:
+        yield
+        return
+    before = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)

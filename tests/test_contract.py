@@ -196,15 +196,10 @@ def _assert_same_solution(a, b, what):
 _symplectic_forms = eqx.filter_jit(vj.diagnostics.symplectic_forms)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _fast_compilation():
-    """XLA's optimisation passes off for this module: its cost is compiling about 150 small
-    programs (each run takes milliseconds), and the clauses compare programs with each other
-    and with finite differences, which optimisation changes only by round-off."""
-    before = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", before)
+# XLA's optimisation passes off (tests/conftest.py): the cost of this module is compiling about
+# 150 small programs (each run takes milliseconds), and the clauses compare programs with each
+# other and with finite differences, which optimisation changes only by round-off.
+pytestmark = pytest.mark.fast_compile
 
 
 # --------------------------------------------------------------------------------------------

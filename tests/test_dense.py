@@ -11,6 +11,8 @@ from scipy.integrate import solve_ivp
 import vijax as vj
 from vijax.diagnostics import estimate_order, euler_lagrange_rhs
 
+pytestmark = pytest.mark.fast_compile  # compile-bound: see tests/conftest.py
+
 PEND = vj.systems.Pendulum()
 CART = vj.systems.CartesianPendulum()
 T_END = 2.0

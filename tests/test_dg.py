@@ -45,6 +45,8 @@ from vijax.integrators.galerkin import (
 )
 from vijax.quadrature import Quadrature
 
+pytestmark = pytest.mark.fast_compile  # compile-bound: see tests/conftest.py
+
 M, L, G = 1.0, 2.0, 9.81
 PEND = vj.systems.Pendulum(m=M, l=L, g=G)
 Q0 = jnp.array([2 * np.pi / 3])

@@ -30,6 +30,8 @@ import vijax as vj
 from vijax import constraints as cons
 from vijax.systems.constrained import DoublePendulum3D
 
+pytestmark = pytest.mark.fast_compile  # compile-bound: see tests/conftest.py
+
 T = 1.0
 GRAV = 9.81  # SpringPendulum's default gravity
 THETA0, OMEGA0 = 1.0, 0.5

@@ -24,6 +24,8 @@ import pytest
 import vijax as vj
 from vijax import systems as S
 
+pytestmark = pytest.mark.fast_compile  # compile-bound: see tests/conftest.py
+
 N_STEPS = 100
 FD_REL_STEP = 1e-6
 

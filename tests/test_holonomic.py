@@ -21,6 +21,8 @@ from helpers import (
 
 import vijax as vj
 
+pytestmark = pytest.mark.fast_compile  # compile-bound: see tests/conftest.py
+
 T = 2.0
 GRAVITY = 1.0  # L = |v|²/2 - y
 

@@ -11,6 +11,8 @@ import pytest
 import vijax as vj
 from vijax import systems as S
 
+pytestmark = pytest.mark.fast_compile  # compile-bound: see tests/conftest.py
+
 GAUSS2 = vj.VPRK.gauss(2)
 PENDULUM = S.Pendulum()
 Q0 = jnp.array([1.0])
