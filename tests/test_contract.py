@@ -292,7 +292,7 @@ def check_vmap_equals_python_loop(case):
 
 def check_one_step_is_symplectic(case):
     """max |B^T (J^T Omega J - Omega) B| <= 1e-12 at the state after the run, in the variables
-    the step map uses (vijax.diagnostics.step_momentum: p, or p_z for the constrained DG
+    the step map uses (AbstractState.step_momenta: p, or p_z for the constrained DG
     scheme); B = I without constraints, a basis of the tangent space of T^*C with them."""
     if not case.integ.symplectic:
         return  # the trait makes no claim

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from ._checks import is_traced, refuse
 from ._typing import Constraints, Vector, VectorLike
 from .solvers import Newton
 
@@ -116,30 +116,37 @@ def check_consistent(system: HolonomicSystem, q0: Vector, v0: Vector, tol: float
     ``G(q) v = 0``), or with a rank-deficient constraint Jacobian, naming the fix.
 
     On concrete values it raises; on traced values (under :func:`jax.jit`) the same checks
-    run in the compiled code (:func:`equinox.error_if`) and the returned ``(q0, v0)`` carry
-    them, so use the returned values."""
+    run in the compiled code (:func:`equinox.error_if`, derivatives included) and the
+    returned ``(q0, v0)`` carry them, so use the returned values."""
     g = system.holonomic(q0)
     G = constraint_jacobian(system, q0)
     name = type(system).__name__
-    if G.ndim != 2 or G.shape[1] != q0.shape[0]:
-        raise ValueError(f"{name}.holonomic(q) must return a 1-D array of m constraint values.")
+    if G.ndim != 2 or G.shape[1] != q0.shape[0] or G.shape[0] == 0:
+        raise ValueError(f"{name}.holonomic(q) must return a 1-D array of m >= 1 constraint "
+                         f"values.")
+    # the same expressions on NumPy values (eager) or traced ones (in the graph)
+    xp = jnp if is_traced((g, G, v0)) else np
+    data = (q0, v0)
+    g, G, v = (xp.asarray(x) for x in (g, G, v0))
+    sv = xp.linalg.svd(G, compute_uv=False)
     rank = (f"The constraint Jacobian of {name}.holonomic has rank deficiency at q0: the "
             f"constraints are not independent there. Remove redundant constraints or start "
             f"away from the singular configuration.")
+    data = refuse(data, ~(sv[-1] > 1e3 * xp.finfo(G.dtype).eps * xp.maximum(sv[0], 1.0)),
+                  rank, lambda: rank.replace("at q0:", f"at q0 (singular values {sv}):"))
+    gap = xp.max(xp.abs(g))
     off = (f"q0 violates {name}.holonomic (> {tol:.1e}). Project it with "
            f"vijax.constraints.project_position(system, q0), or pass project=True to simulate.")
-    hidden = (f"v0 violates the hidden constraint G(q0) v0 = 0 of {name} (> {tol:.1e}). "
-              f"Project it with vijax.constraints.project_velocity(system, q0, v0) (or "
-              f"project_momentum for p0), or pass project=True to simulate.")
-    if isinstance(q0, jax.core.Tracer) or isinstance(v0, jax.core.Tracer):
-        sv = jnp.linalg.svd(G, compute_uv=False)
-        eps = jnp.finfo(G.dtype).eps
-        deficient = ~(sv[-1] > 1e3 * eps * jnp.maximum(sv[0], 1.0))
-        q0 = eqx.error_if(q0, deficient, rank)
-        q0 = eqx.error_if(q0, ~(jnp.max(jnp.abs(g)) <= tol), off)
-        if velocity:
-            v0 = eqx.error_if(v0, ~(jnp.max(jnp.abs(G @ v0)) <= tol), hidden)
-        return q0, v0
+    data = refuse(data, ~(gap <= tol), off, lambda: off.replace("(>", f"by {gap:.2e} (>"),
+                  InconsistentInitialData)
+    if velocity:
+        drift = xp.max(xp.abs(G @ v))
+        hidden = (f"v0 violates the hidden constraint G(q0) v0 = 0 of {name} (> {tol:.1e}). "
+                  f"Project it with vijax.constraints.project_velocity(system, q0, v0) (or "
+                  f"project_momentum for p0), or pass project=True to simulate.")
+        data = refuse(data, ~(drift <= tol), hidden,
+                      lambda: hidden.replace("(>", f"by {drift:.2e} (>"), InconsistentInitialData)
+    return data
     g, G = np.asarray(g), np.asarray(G)
     sv = np.linalg.svd(G, compute_uv=False)
     if sv.size == 0 or sv[-1] <= 1e3 * np.finfo(G.dtype).eps * max(sv[0], 1.0):

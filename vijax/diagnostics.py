@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Optional
 
@@ -14,7 +13,6 @@ from jaxtyping import ArrayLike
 
 from . import constraints
 from ._typing import BoolScalar, Scalar, ScalarLike, Times, Vector, VectorLike
-from .integrators import ConstrainedDGState, GalerkinState
 from .integrators._base import AbstractIntegrator, AbstractState
 from .simulate import Solution
 from .systems import HolonomicSystem, LagrangianSystem
@@ -29,7 +27,6 @@ __all__ = [
     "symplecticity_defect",
     "symplectic_forms",
     "SymplecticForms",
-    "step_momentum",
     "euler_lagrange_rhs",
     "reference_solution",
     "ConvergenceStudy",
@@ -124,33 +121,6 @@ def drift(t: ArrayLike, err: ArrayLike, *, n_blocks: int = 50) -> DriftFit:
     return DriftFit(float(coef[0]), float(np.sqrt(cov[0, 0])), float(np.max(np.abs(err))))
 
 
-@functools.singledispatch
-def step_momentum(state: AbstractState) -> Callable[[AbstractState], tuple[Vector, ...]]:
-    """Where the one-step map of ``state``'s integrator reads its momentum.
-
-    Returns ``where(state) -> tuple`` of the momentum fields the step reads (all are set to
-    the same value by :func:`symplectic_forms`; the first is read back from the new state).
-    Default ``(state.p,)``.  Families whose step is symplectic in another variable register
-    their state type (``step_momentum.register(MyState, lambda state: ...)``):
-
-    * :class:`vijax.integrators.ConstrainedDGState`: ``p_z`` (Muehlebach, Heimsch & Glocker
-      (2016), eq. (38)), whose normal part is gauge;
-    * :class:`vijax.GalerkinState`: ``p`` (projected mode) and ``pi`` (paper mode, the
-      incoming momentum of Wenger, Ober-Blöbaum & Leyendecker (2017), eq. (22)).
-    """
-    return lambda s: (s.p,)
-
-
-@step_momentum.register
-def _(state: ConstrainedDGState):
-    return lambda s: (s.pz,)
-
-
-@step_momentum.register
-def _(state: GalerkinState):
-    return lambda s: (s.p, s.pi)
-
-
 class SymplecticForms(NamedTuple):
     """The canonical 2-form before and after one step, restricted to the phase space:
     ``original = B^T Omega B`` and ``pulled_back = B^T J^T Omega J B`` (see
@@ -165,7 +135,8 @@ def symplectic_forms(system: LagrangianSystem, integrator: AbstractIntegrator,
     """``B^T J^T Omega J B`` and ``B^T Omega B`` for the one-step map at ``state``.
 
     ``J`` is the Jacobian of ``(q, p) -> (q', p')`` (:meth:`integrator.step` from ``state``
-    with its ``q`` and momentum replaced, see :func:`step_momentum`), by :func:`jax.jacfwd`
+    with its ``q`` and the momentum fields it reads replaced, see
+    :meth:`vijax.AbstractState.step_momenta`), by :func:`jax.jacfwd`
     (through the implicit function theorem at the converged stage solution), and
     ``Omega = [[0, I], [-I, 0]]``.
 
@@ -181,7 +152,7 @@ def symplectic_forms(system: LagrangianSystem, integrator: AbstractIntegrator,
     """
     q, p = state.q, state.p
     n = q.shape[0]
-    where = step_momentum(state)
+    where = type(state).step_momenta
     k = len(where(state))
 
     def flow(z):
@@ -220,7 +191,7 @@ def symplecticity_defect(system: LagrangianSystem, integrator: AbstractIntegrato
     ``B = I`` for an unconstrained system, i.e. ``max |J^T Omega J - Omega|``; for a
     :class:`vijax.HolonomicSystem` ``B`` spans the tangent space of the constraint manifold
     ``T^*C`` (see :func:`symplectic_forms`).  ``J`` is taken in the variables the method's
-    step map uses (:func:`step_momentum`).
+    step map uses (:meth:`vijax.AbstractState.step_momenta`).
     """
     forms = symplectic_forms(system, integrator, state, h)
     return jnp.max(jnp.abs(forms.pulled_back - forms.original))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools as ft
 import inspect
 import numbers
 import warnings
@@ -14,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
+from ._checks import is_traced as _is_traced
+from ._checks import refuse as _refuse
 from ._typing import ScalarLike, Times, VectorLike
 from .integrators._base import AbstractDenseIntegrator, AbstractIntegrator
 from .interpolation import DenseInterpolation, DenseOutput
@@ -117,43 +118,6 @@ def _warn_precision(**inputs) -> None:
             f"at start-up with jax.config.update(\"jax_enable_x64\", True), or pass float32 "
             f"arrays to compute in float32 on purpose. (Shown once per process.)",
             PrecisionWarning, stacklevel=3)
-
-
-def _is_traced(x) -> bool:
-    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(x))
-
-
-@ft.partial(jax.custom_jvp, nondiff_argnums=(3,))
-def _error_if(x, bad, index, messages: tuple):
-    return eqx.branched_error_if(x, bad, index, messages)
-
-
-@_error_if.defjvp
-def _error_if_jvp(messages, primals, tangents):
-    # The tangents are multiplied by a checked one: a derivative (forward or reverse mode)
-    # then depends on the check too, which would otherwise be dropped when only the
-    # derivative is used (as under jax.jit(jax.grad(...))).
-    x, bad, index = primals
-    tx = tangents[0]
-    one = eqx.branched_error_if(jnp.ones(()), bad, index, messages)
-    scale = lambda t: t if t.dtype == jax.dtypes.float0 else t * one.astype(t.dtype)  # noqa
-    return _error_if(x, bad, index, messages), jax.tree_util.tree_map(scale, tx)
-
-
-def _refuse(x, bad, message, eager=None, exc=ValueError, index=0):
-    """``x`` unchanged, or an error when ``bad`` holds: raised at once when ``bad`` is concrete
-    (``exc`` with ``eager()``, a message that contains ``message`` with the concrete values),
-    checked in the graph by :func:`equinox.error_if` when it is traced (under ``jit``/``vmap``;
-    one bad lane fails the whole call).  ``message`` may be a list, chosen by ``index`` in the
-    graph (:func:`equinox.branched_error_if`).  The check runs only if the returned ``x`` (or
-    a derivative through it) is used: :class:`_Inputs` guards all inputs with every check."""
-    messages = tuple(message) if isinstance(message, (list, tuple)) else (message,)
-    if _is_traced(bad):
-        arrays, rest = eqx.partition(x, eqx.is_array)  # Python scalars stay as they are
-        return eqx.combine(_error_if(arrays, bad, index, messages), rest)
-    if bool(np.any(np.asarray(bad))):
-        raise exc(messages[int(index)] if eager is None else eager())
-    return x
 
 
 class _Inputs:
@@ -323,33 +287,32 @@ def _regular(system, q0, v0):
     hess = frozen.velocity_hessian(jax.lax.stop_gradient(q0), jax.lax.stop_gradient(v0))
     n = q0.shape[0]
     messages = _singular_messages(system, n)
-    if _is_traced(hess):
-        sv = jnp.linalg.svd(hess, compute_uv=False)
-        bad = ~(sv[-1] > 1e3 * jnp.finfo(hess.dtype).eps * sv[0])  # also true for NaN
-        zero = jnp.all(hess == 0, axis=0) & jnp.all(hess == 0, axis=1)
-        trailing = jnp.sum(jnp.cumprod(zero[::-1].astype(jnp.int32)))
-        index = jnp.where((jnp.sum(zero) == trailing) & (trailing < n)
-                          & (system.ndim is None), trailing, 0)
-        return bad, messages, None, index
-    hess = np.asarray(hess)
-    sv = np.linalg.svd(hess, compute_uv=False) if np.all(np.isfinite(hess)) else None
-    if sv is not None and sv[-1] > 1e3 * np.finfo(hess.dtype).eps * sv[0]:
-        return False, messages, None, 0
-    zero = [int(i) for i in np.flatnonzero(np.all(hess == 0, axis=0) & np.all(hess == 0, axis=1))]
-    k = len(zero)
-    if 0 < k < n and system.ndim is None and zero == list(range(n - k, n)):
-        return True, messages, None, k
-    if k:
-        eager = (f"The velocity Hessian d2L/dv2 of {type(system).__name__} is singular at the "
-                 f"initial state: coordinates {zero} of q0 (length {n}) do not enter the kinetic "
-                 f"energy, so the Lagrangian is degenerate, the Legendre map cannot be inverted "
-                 f"and the variational stage equations have no unique solution. Check the "
-                 f"kinetic energy (every coordinate needs inertia).")
-    else:
-        cond = np.inf if sv is None or sv[-1] == 0 else sv[0] / sv[-1]
-        eager = messages[0].replace("initial state:",
-                                    f"initial state (condition number {cond:.3g}):", 1)
-    return True, messages, lambda: eager, 0
+    # the same expressions on NumPy values (eager) or traced ones (in the graph)
+    xp = jnp if _is_traced(hess) else np
+    hess = xp.asarray(hess)
+    finite = xp.all(xp.isfinite(hess))
+    sv = xp.linalg.svd(xp.where(finite, hess, 0), compute_uv=False)
+    bad = ~(finite & (sv[-1] > 1e3 * xp.finfo(hess.dtype).eps * sv[0]))
+    zero = xp.all(hess == 0, axis=0) & xp.all(hess == 0, axis=1)
+    trailing = xp.sum(xp.cumprod(zero[::-1].astype(xp.int32)))
+    index = xp.where((xp.sum(zero) == trailing) & (trailing < n) & (system.ndim is None),
+                     trailing, 0)
+
+    def eager():
+        if int(index):
+            return messages[int(index)]
+        cols = [int(i) for i in np.flatnonzero(zero)]
+        if cols:
+            return (f"The velocity Hessian d2L/dv2 of {type(system).__name__} is singular at the "
+                    f"initial state: coordinates {cols} of q0 (length {n}) do not enter the "
+                    f"kinetic energy, so the Lagrangian is degenerate, the Legendre map cannot "
+                    f"be inverted and the variational stage equations have no unique solution. "
+                    f"Check the kinetic energy (every coordinate needs inertia).")
+        cond = np.inf if not finite or sv[-1] == 0 else sv[0] / sv[-1]
+        return messages[0].replace("initial state:",
+                                   f"initial state (condition number {cond:.3g}):", 1)
+
+    return bad, messages, eager, index
 
 
 @eqx.filter_jit

@@ -252,8 +252,10 @@ class AbstractRootSolver(eqx.Module):
             return x_new, jnp.max(jnp.abs(r)).astype(dtype), err, done, ~finite, err_first, aux
 
         def body(carry):
-            x, k, _, err, _, _, err_first, _ = carry
-            x, r, err, done, bad, err_first, aux = one(x, err, err_first)
+            x, k, _, err, _, _, err_first, aux = carry
+            x, r, err, done, bad, err_first, new_aux = one(x, err, err_first)
+            # a lagging aux is not carried (it is evaluated at the returned iterate below)
+            aux = aux if has_aux and self._aux_lags else new_aux
             return x, k + 1, r, err, done, bad, err_first, aux
 
         # err_prev starts as NaN: no contraction rate is known before the second update.

@@ -37,6 +37,13 @@ class AbstractState(eqx.Module):
     q: AbstractVar[Float[Array, " n"]]
     p: AbstractVar[Float[Array, " n"]]
 
+    def step_momenta(self) -> tuple[Float[Array, " n"], ...]:
+        """The momentum fields the one-step map reads, in which it is symplectic: a check sets
+        them all to one value and reads the first back from the new state
+        (:func:`vijax.diagnostics.symplectic_forms`).  ``(p,)``; a state whose step reads
+        another variable says so by overriding this."""
+        return (self.p,)
+
 
 class AbstractIntegrator(eqx.Module):
     """A one-step method.  Holds only method hyper-parameters (tableau, solver settings).

@@ -131,6 +131,10 @@ class ConstrainedDGState(AbstractState):
     jump_p: Float[Array, " n"]
     gap: Float[Array, " nc"]
 
+    def step_momenta(self):
+        """The step reads ``p_z`` (eq. (38)); its normal part is gauge."""
+        return (self.pz,)
+
 
 class DGVI(AbstractContinuousTimeVI):
     """Continuous-time discontinuous-Galerkin variational integrator (Muehlebach, Heimsch &

@@ -86,6 +86,11 @@ class GalerkinState(AbstractState):
     controls: Float[Array, "s1 n"]
     mults: Float[Array, "z m"]
 
+    def step_momenta(self):
+        """``p`` (projected mode) and ``pi`` (paper mode, the incoming momentum of eq. (22)):
+        the step reads whichever its mode uses."""
+        return (self.p, self.pi)
+
 
 def _q_order(s: int, w: int, ordL: int) -> int:
     """``ord(q)`` read off Tables 1-2 of Wenger et al. (2017) (Lobatto constraint quadrature).
