@@ -20,10 +20,10 @@ import vijax as vj
 __all__ = [
     "RHS_KINDS",
     "Problem",
-    "analytic_kepler_vf",
     "check_rhs_agree",
     "double_pendulum",
     "first_order_rhs",
+    "hand_written_rhs",
     "kepler",
     "kepler_ensemble",
     "kepler_exact",
@@ -80,7 +80,7 @@ def _solve_closed_form(m, b):
     return jnp.linalg.solve(m, b)
 
 
-RHS_KINDS = ("autodiff", "autodiff-nolapack")
+RHS_KINDS = ("autodiff", "autodiff-nolapack", "hand-written")
 
 
 def first_order_rhs(system, kind: str = "autodiff") -> Callable:
@@ -90,7 +90,11 @@ def first_order_rhs(system, kind: str = "autodiff") -> Callable:
     ``jnp.linalg.solve`` is a LAPACK custom call on CPU).  ``"autodiff-nolapack"``: the same
     autodiff expressions, ``d2L/dv2 a = D1L - (d2L/dv dq) v``, with the 2x2 solve done by the
     adjugate formula (vijax's own step avoids LAPACK for small mass matrices the same way).
+    ``"hand-written"``: the closed-form acceleration a user of an ODE solver would write
+    (:func:`hand_written_rhs`; Kepler and the double pendulum).
     """
+    if kind == "hand-written":
+        return hand_written_rhs(system)
     if kind == "autodiff":
         rhs = vj.diagnostics.euler_lagrange_rhs(system)
     elif kind == "autodiff-nolapack":
@@ -109,6 +113,38 @@ def first_order_rhs(system, kind: str = "autodiff") -> Callable:
     return f
 
 
+def hand_written_rhs(system) -> Callable:
+    """``f(y) -> y'`` with the acceleration written out by hand, as a user who picks an ODE
+    solver instead of vijax would: ``a = -mu q / |q|^3`` for Kepler (either declaration), the
+    textbook double-pendulum equations in absolute angles (mass matrix inverted in closed
+    form) for :class:`vijax.systems.DoublePendulum`."""
+    if isinstance(system, (vj.systems.Kepler, vj.systems.GeneralKepler)):
+        mu = getattr(system, "mu", 1.0)
+
+        def f(y):
+            q = y[:2]
+            r2 = q[0] * q[0] + q[1] * q[1]
+            return jnp.concatenate([y[2:], -mu * q / (r2 * jnp.sqrt(r2))])
+
+        return f
+    if isinstance(system, vj.systems.DoublePendulum):
+        m1, m2, l1, l2, g = system.m1, system.m2, system.l1, system.l2, system.g
+
+        def f(y):
+            t1, t2, w1, w2 = y[0], y[1], y[2], y[3]
+            d = t1 - t2
+            c, s = jnp.cos(d), jnp.sin(d)
+            # M(q) a = rhs, M = [[(m1+m2) l1^2, m2 l1 l2 c], [m2 l1 l2 c, m2 l2^2]]
+            r1 = -m2 * l1 * l2 * s * w2 * w2 - (m1 + m2) * g * l1 * jnp.sin(t1)
+            r2 = m2 * l1 * l2 * s * w1 * w1 - m2 * g * l2 * jnp.sin(t2)
+            a11, a12, a22 = (m1 + m2) * l1 * l1, m2 * l1 * l2 * c, m2 * l2 * l2
+            det = a11 * a22 - a12 * a12
+            return jnp.stack([w1, w2, (a22 * r1 - a12 * r2) / det, (a11 * r2 - a12 * r1) / det])
+
+        return f
+    raise ValueError(f"no hand-written field for {type(system).__name__}; use kind='autodiff'")
+
+
 def vector_field(system, kind: str = "autodiff") -> Callable:
     """diffrax-style ``vf(t, y, args)`` from the autodiff Euler--Lagrange equations (a fresh
     closure on every call)."""
@@ -121,14 +157,6 @@ def check_rhs_agree(system, y, kinds=RHS_KINDS) -> float:
     vals = [np.asarray(jax.jit(first_order_rhs(system, k))(y)) for k in kinds]
     scale = np.max(np.abs(vals[0]))
     return float(max(np.max(np.abs(v - vals[0])) for v in vals) / scale)
-
-
-def analytic_kepler_vf(t, y, args):
-    """Hand-written Kepler field ``a = -q / |q|^3`` (sensitivity check only: it is the same
-    ODE as the autodiff field, minus the autodiff/linear-solve overhead)."""
-    q = y[:2]
-    r2 = q @ q
-    return jnp.concatenate([y[2:], -q / (r2 * jnp.sqrt(r2))])
 
 
 # --------------------------------------------------------------------------------------------

@@ -24,3 +24,74 @@ def inv(m):
         det = jnp.vdot(m[0], cof[0])
         return cof.T / det
     return jnp.linalg.inv(m)
+
+
+# A product whose operands are this small is written as a broadcast multiply and a sum, which
+# XLA fuses with the surrounding elementwise work; a dot is its own kernel call on CPU (about
+# 50-100 ns each, more than the arithmetic of a 2x2 or 4x3 product).
+_SMALL_PRODUCT = 4096
+_UNROLL = 8
+
+
+def mm(a, b):
+    """``a @ b`` for 1-D or 2-D operands, as fusible elementwise code when small."""
+    if a.ndim > 2 or b.ndim > 2 or a.ndim == 0 or b.ndim == 0:
+        return a @ b
+    a2 = a if a.ndim == 2 else a[None, :]
+    b2 = b if b.ndim == 2 else b[:, None]
+    if a2.shape[0] * a2.shape[1] * b2.shape[1] > _SMALL_PRODUCT:
+        return a @ b
+    k = a2.shape[1]
+    if k <= _UNROLL:
+        # a sum of k outer-product terms: elementwise code only (a reduction is a fusion
+        # boundary on XLA:CPU)
+        out = a2[:, 0, None] * b2[None, 0, :]
+        for j in range(1, k):
+            out = out + a2[:, j, None] * b2[None, j, :]
+    else:
+        out = jnp.sum(a2[:, :, None] * b2[None, :, :], axis=1)
+    if a.ndim == 1:
+        out = out[0]
+    if b.ndim == 1:
+        out = out[..., 0]
+    return out
+
+
+# Dense systems up to this size are solved by Gaussian elimination with partial pivoting
+# written out as array code: a LAPACK custom call costs about 1 us on CPU, more than the
+# elimination at these sizes.  Measured per step with Newton (benchmarks/per_step_cost.py):
+# n = 2: 4.2 -> 0.8 us, n = 4: 3.2 -> 1.6 us, n = 6: 4.2 -> 3.2 us; at n = 8 the unrolled
+# elimination is larger than a stage loop XLA:CPU compiles into one kernel, and it costs 3x
+# the LAPACK solve.
+_SMALL_SOLVE = 6
+
+
+def solve(m, b):
+    """``m^{-1} b`` for a square ``m`` (``b`` a vector or a matrix of right-hand sides):
+    Gaussian elimination with partial pivoting, unrolled, for ``n <= 6``; LU otherwise."""
+    n = m.shape[-1]
+    if m.ndim != 2 or n > _SMALL_SOLVE or b.ndim > 2:
+        return jnp.linalg.solve(m, b)
+    vec = b.ndim == 1
+    # the row operations come from m alone and act linearly on the right-hand side (a
+    # transposable linear map of b, as jax.lax.custom_root's tangent solve needs)
+    a = m
+    r = (b[:, None] if vec else b).astype(m.dtype)
+    rows = jnp.arange(n)
+    for j in range(n - 1):
+        # pivot: the largest entry on or below the diagonal of column j, swapped into row j
+        p = jnp.argmax(jnp.where(rows >= j, jnp.abs(a[:, j]), -1.0))
+        swap = ((rows == j).astype(a.dtype) - (rows == p).astype(a.dtype))[:, None]
+        a = a - swap * (a[j] - a[p])[None, :]
+        r = r - swap * (r[j] - r[p])[None, :]
+        factors = jnp.where(rows > j, a[:, j] / a[j, j], 0.0)[:, None]
+        a = a - factors * a[j][None, :]
+        r = r - factors * r[j][None, :]
+    x = [None] * n
+    for i in range(n - 1, -1, -1):
+        acc = r[i]
+        for k in range(i + 1, n):
+            acc = acc - a[i, k] * x[k]
+        x[i] = acc / a[i, i]
+    out = jnp.stack(x)
+    return out[:, 0] if vec else out

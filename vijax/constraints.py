@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from . import _linalg
 from ._checks import is_traced, refuse
 from ._typing import Constraints, Vector, VectorLike
 from .solvers import Newton
@@ -61,7 +62,7 @@ def project_position(system: HolonomicSystem, q: VectorLike, *, max_steps: int =
         g = system.holonomic(x)
         G = constraint_jacobian(system, x)
         hinv_gt = system.inverse_velocity_hessian(x, zero) @ G.T
-        return x - hinv_gt @ jnp.linalg.solve(G @ hinv_gt, g)
+        return x - hinv_gt @ _linalg.solve(G @ hinv_gt, g)
 
     return jax.lax.fori_loop(0, max_steps, update, q)
 
@@ -71,7 +72,7 @@ def project_velocity(system: HolonomicSystem, q: Vector, v: Vector) -> Vector:
     the same velocity as :func:`project_momentum` of ``p = D2L(q, v)`` for mechanical ``L``."""
     G = constraint_jacobian(system, q)
     hinv_gt = system.inverse_velocity_hessian(q, v) @ G.T
-    return v - hinv_gt @ jnp.linalg.solve(G @ hinv_gt, G @ v)
+    return v - hinv_gt @ _linalg.solve(G @ hinv_gt, G @ v)
 
 
 def project_momentum(system: HolonomicSystem, q: Vector, p: Vector,
@@ -89,7 +90,7 @@ def project_momentum(system: HolonomicSystem, q: Vector, p: Vector,
     if system.quadratic_in_velocity:
         # Exact in one Newton step: residual is affine in mu.
         jac = jax.jacfwd(residual)(mu0)
-        mu = jnp.linalg.solve(jac, -residual(mu0))
+        mu = _linalg.solve(jac, -residual(mu0))
     else:
         mu, _ = Newton().solve(residual, mu0)
     return p - G.T @ mu
@@ -107,7 +108,7 @@ def multiplier(system: HolonomicSystem, q: Vector, v: Vector) -> Constraints:
     mixed = jax.jacfwd(system.momentum, argnums=0)(q, v)
     f = system.d1_lagrangian(q, v) - mixed @ v
     gqvv = jax.jvp(lambda x: constraint_jacobian(system, x), (q,), (v,))[1] @ v
-    return jnp.linalg.solve(G @ hinv @ G.T, G @ hinv @ f + gqvv)
+    return _linalg.solve(G @ hinv @ G.T, G @ hinv @ f + gqvv)
 
 
 def check_consistent(system: HolonomicSystem, q0: Vector, v0: Vector, tol: float, *,

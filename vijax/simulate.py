@@ -315,14 +315,36 @@ def _regular(system, q0, v0):
     return bad, messages, eager, index
 
 
+# XLA:CPU runs a loop whose buffers are small (about 1 kB) as one compiled kernel; a loop that
+# also writes into the saved arrays runs op by op, each op a separate call (tens of ns each,
+# more than the arithmetic of a small step).  So the steps between saves run in an inner loop
+# carrying only the state, and the saves are gathered in chunks small enough to stay in the
+# kernel, written to the saved arrays once per chunk.
+_CHUNK_BYTES = 1536
+
+
+def _nbytes(tree) -> int:
+    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
+               for x in jax.tree_util.tree_leaves(tree))
+
+
+def _chunk(n_saves: int, record_bytes: int) -> int:
+    """Saves per chunk: the largest divisor of ``n_saves`` whose records fit the budget."""
+    most = max(1, min(n_saves, _CHUNK_BYTES // max(record_bytes, 1)))
+    return next(c for c in range(most, 0, -1) if n_saves % c == 0)
+
+
 @eqx.filter_jit
 def _run(system, integrator, q0, v0, t0, dt, n_saves: int, save_every: int, dense: bool):
     state0 = integrator.init(system, t0, q0, v0)
+    zero = StepStats(iterations=jnp.asarray(0, jnp.int32),
+                     max_iterations=jnp.asarray(0, jnp.int32),
+                     residual=jnp.zeros((), q0.dtype), converged=jnp.asarray(True),
+                     failed_step=jnp.asarray(-1, jnp.int32))
 
     # Statistics are reduced in the carry, not stacked per step: long runs store only what
     # is saved.
-    def one_step(carry, k):
-        state, agg = carry
+    def one_step(k, state, agg):
         prev = state
         state, st = integrator.step(system, state, dt)
         # dense output: the step's polynomials at their nodes and the new node values
@@ -335,18 +357,40 @@ def _run(system, integrator, q0, v0, t0, dt, n_saves: int, save_every: int, dens
             converged=agg.converged & st.converged,
             failed_step=jnp.where((agg.failed_step < 0) & ~st.converged, k, agg.failed_step),
         )
-        return (state, agg), rec
+        return state, agg, rec
 
-    def block(state, j):
-        agg0 = StepStats(iterations=jnp.asarray(0, jnp.int32),
-                         max_iterations=jnp.asarray(0, jnp.int32),
-                         residual=jnp.zeros((), q0.dtype), converged=jnp.asarray(True),
-                         failed_step=jnp.asarray(-1, jnp.int32))
-        ks = (j * save_every + jnp.arange(save_every)).astype(jnp.int32)
-        (state, agg), recs = jax.lax.scan(one_step, (state, agg0), ks)
-        return state, (state, agg, recs)
+    def save(state, j):
+        """The ``save_every`` steps ending at save ``j``; returns the record saved."""
+        first = (j * save_every).astype(jnp.int32)
+        if dense:
+            def body(carry, i):
+                state, agg = carry
+                state, agg, rec = one_step(first + i, state, agg)
+                return (state, agg), rec
 
-    _, (states, stats, recs) = jax.lax.scan(block, state0, jnp.arange(n_saves))
+            (state, agg), recs = jax.lax.scan(body, (state, zero),
+                                              jnp.arange(save_every, dtype=jnp.int32))
+            return state, (state, agg, recs)
+        if save_every == 1:
+            state, agg, _ = one_step(first, state, zero)
+            return state, (state, agg, None)
+
+        def body(i, carry):
+            state, agg, _ = one_step(first + i, *carry)
+            return state, agg
+
+        state, agg = jax.lax.fori_loop(0, save_every, body, (state, zero))
+        return state, (state, agg, None)
+
+    record = jax.eval_shape(lambda s: save(s, jnp.asarray(0))[1], state0)
+    per_chunk = 1 if dense else _chunk(n_saves, _nbytes(record))
+
+    def chunk(state, i):
+        return jax.lax.scan(save, state, i * per_chunk + jnp.arange(per_chunk))
+
+    _, recs = jax.lax.scan(chunk, state0, jnp.arange(n_saves // per_chunk))
+    states, stats, recs = jax.tree_util.tree_map(
+        lambda x: x.reshape((n_saves,) + x.shape[2:]), recs)
     states = jax.tree_util.tree_map(
         lambda a, b: jnp.concatenate([a[None], b]), state0, states)
     v = jax.vmap(lambda s: integrator.velocity(system, s))(states)
@@ -409,15 +453,108 @@ def simulate(
     ``g(q) = 0`` and its hidden constraint ``G(q) v = 0``.  ``project=True`` projects them
     first (:meth:`LagrangianSystem.project_configuration`,
     :meth:`~LagrangianSystem.project_velocity`).
+
+    Called directly on concrete values, the value checks (and the projection, or the
+    momentum-to-velocity map, they come with) run eagerly once per distinct input and are then
+    cached: a repeated call with the same system parameters and initial data goes straight to
+    the compiled run, so its cost is that of a ``jit``-compiled call.
     """
-    # Static checks: types, Python ints, shapes and dtypes (at trace time under jit).
-    _check_compatible(system, integrator)
-    n_steps = _static_count("n_steps", n_steps)
-    save_every = _static_count("save_every", save_every)
+    _warn_precision(q0=q0, v0=v0, p0=p0, dt=dt)
+    args = dict(q0=q0, v0=v0, p0=p0, dt=dt, n_steps=n_steps, save_every=save_every,
+                dense=dense, t0=t0, project=project)
+    if _tracing() or any(_is_traced(x) for x in jax.tree_util.tree_leaves(
+            (system, integrator, q0, v0, p0, dt, t0))):
+        return _simulate(system, integrator, throw=throw, **args)
+    key = _checked_key(system, integrator, q0, v0, p0, dt, t0, project)
+    prepared = None if key is None else _CHECKED.get(key)
+    if prepared is None:
+        prepared = _prepare(system, integrator, **args)
+        if key is not None:
+            if len(_CHECKED) >= _CHECKED_SIZE:
+                _CHECKED.pop(next(iter(_CHECKED)))
+            _CHECKED[key] = prepared
+    else:
+        # the static checks are cheap and depend on the arguments not in the key
+        _check_compatible(system, integrator)
+        n = _static_count("n_steps", n_steps)
+        k = _static_count("save_every", save_every)
+        prepared = prepared[:5] + _counts(n, k, integrator, dense)
+    return _finish(integrator, *prepared, throw=throw)
+
+
+# Inputs whose value checks passed, with what the checks returned (the projected or
+# momentum-derived initial state and the system with array parameters): most recent last.
+_CHECKED: dict = {}
+_CHECKED_SIZE = 256
+
+
+def _leaf_key(x):
+    if isinstance(x, (bool, int, float, complex, str, type(None))):
+        return (type(x).__name__, x)
+    x = np.asarray(x)
+    return (x.shape, x.dtype.str, x.tobytes())
+
+
+def _checked_key(system, integrator, q0, v0, p0, dt, t0, project):
+    """A hashable key of everything the value checks read, or ``None`` (not cached)."""
+    try:
+        leaves, treedef = jax.tree_util.tree_flatten((system, q0, v0, p0, dt, t0))
+        key = (type(integrator), treedef, bool(project),
+               tuple(_leaf_key(x) for x in leaves))
+        hash(key)
+        return key
+    except (TypeError, ValueError):
+        return None
+
+
+def _tracing() -> bool:
+    """Whether this call is being traced (inside ``jit``), whatever its arguments: under
+    ``jit`` every operation is staged, so even a constant comes back traced."""
+    return _is_traced(jnp.zeros(()) + 0)
+
+
+def _raise_if_failed(sol: Solution, integrator: AbstractIntegrator) -> None:
+    ok = np.asarray(sol.stats.converged)
+    if bool(np.all(ok)):
+        return
+    k = int(sol.stats.first_failure)
+    save_every = sol.n_steps // (sol.t.shape[0] - 1)
+    residual = float(np.asarray(sol.stats.residual)[k // save_every])
+    t0 = float(sol.t[0])
+    dt = float(sol.t[1] - sol.t[0]) / save_every
+    raise ConvergenceError(
+        f"The stage equations of {integrator.name} did not converge at step {k} "
+        f"(t = {t0 + k * dt:.6g}; residual {residual:.3g}), so the "
+        f"trajectory is wrong from that step on. Reduce dt, raise the solver's max_steps, or use "
+        f"solver=vijax.solvers.Newton() for stiff problems; pass throw=False to get "
+        f"the result anyway and inspect sol.stats (converged, failed_step)."
+    )
+
+
+def _simulate(system, integrator, *, throw, **args) -> Solution:
+    """:func:`simulate` on any values, traced or concrete: checks on concrete values raise at
+    once, checks on traced ones are carried in the graph."""
+    return _finish(integrator, *_prepare(system, integrator, **args), throw=throw)
+
+
+def _counts(n_steps, save_every, integrator, dense):
     if n_steps % save_every:
         raise ValueError(f"n_steps = {n_steps} is not a multiple of save_every = {save_every}; "
                          f"choose n_steps = {(n_steps // save_every + 1) * save_every}, say.")
-    _warn_precision(q0=q0, v0=v0, p0=p0, dt=dt)
+    if dense and not isinstance(integrator, AbstractDenseIntegrator):
+        raise ValueError(f"{integrator.name} has no dense output; drop dense=True or use a "
+                         f"collocation or Galerkin method (a vijax.AbstractDenseIntegrator).")
+    return n_steps, save_every, bool(dense)
+
+
+def _prepare(system, integrator, *, q0, v0, p0, dt, n_steps, save_every, dense, t0, project):
+    """Every check of :func:`simulate`'s inputs; returns ``(system, q0, v0, dt, t0, n_steps,
+    save_every, dense)`` ready for the run (projected, ``v0`` from ``p0``, array parameters)."""
+    # Static checks: types, Python ints, shapes and dtypes (at trace time under jit).
+    _check_compatible(system, integrator)
+    n_steps, save_every, dense = _counts(_static_count("n_steps", n_steps),
+                                         _static_count("save_every", save_every),
+                                         integrator, dense)
     q0 = _vector("q0", q0, system.ndim)
     x0 = _check_shapes(q0, v0, p0)
     dtype = q0.dtype
@@ -467,10 +604,11 @@ def simulate(
     # (no recompilation per value) and the system follows the dtype of q0.
     system = jax.tree_util.tree_map(
         lambda x: jnp.asarray(x, dtype) if isinstance(x, float) else x, system)
+    return system, q0, v0, dt, t0, n_steps, save_every, dense
 
-    if dense and not isinstance(integrator, AbstractDenseIntegrator):
-        raise ValueError(f"{integrator.name} has no dense output; drop dense=True or use a "
-                         f"collocation or Galerkin method (a vijax.AbstractDenseIntegrator).")
+
+def _finish(integrator, system, q0, v0, dt, t0, n_steps, save_every, dense, *, throw):
+    """The compiled run on checked inputs, and its convergence check."""
     t, states, v, stats, interp = _run(system, integrator, q0, v0, t0, dt,
                                        n_steps // save_every, save_every, bool(dense))
     sol = Solution(t=t, q=states.q, v=v, p=states.p, stats=stats, states=states,
@@ -485,14 +623,6 @@ def simulate(
                 "for stiff problems; pass throw=False to get the result anyway and inspect "
                 "sol.stats (converged, failed_step, first_failure), or run without jit to have "
                 "the step named.")
-        elif not bool(np.all(np.asarray(ok))):
-            k = int(stats.first_failure)
-            residual = float(np.asarray(stats.residual)[k // save_every])
-            raise ConvergenceError(
-                f"The stage equations of {integrator.name} did not converge at step {k} "
-                f"(t = {float(t0) + k * float(dt):.6g}; residual {residual:.3g}), so the "
-                f"trajectory is wrong from that step on. Reduce dt, raise the solver's max_steps, or use "
-                f"solver=vijax.solvers.Newton() for stiff problems; pass throw=False to get "
-                f"the result anyway and inspect sol.stats (converged, failed_step)."
-            )
+        else:
+            _raise_if_failed(sol, integrator)
     return sol

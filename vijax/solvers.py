@@ -34,6 +34,8 @@ import jax.scipy.linalg as jsl
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Bool, Float, Int, PyTree
 
+from . import _linalg
+
 __all__ = [
     "SolverStats",
     "AbstractRootSolver",
@@ -87,7 +89,7 @@ def default_tolerance(dtype) -> float:
 
 
 def _dense_solve(matrix, rhs):
-    return jnp.linalg.solve(matrix, rhs)
+    return _linalg.solve(matrix, rhs)
 
 
 def _tangent_solve(g, y):
@@ -358,7 +360,7 @@ class Newton(AbstractRootSolver):
             (jac, jac_aux), (r, aux) = jax.jacfwd(with_value, has_aux=True)(x)
             dx = _dense_solve(jac, r)
             if not self.damped:
-                return dx, r, aux - jac_aux @ dx
+                return dx, r, aux - _linalg.mm(jac_aux, dx)
             norm0 = jnp.max(jnp.abs(r))
 
             def worse(carry):
@@ -368,7 +370,7 @@ class Newton(AbstractRootSolver):
 
             alpha, _ = jax.lax.while_loop(
                 worse, lambda c: (0.5 * c[0], c[1] + 1), (jnp.ones((), x.dtype), 0))
-            return alpha * dx, r, aux - jac_aux @ (alpha * dx)
+            return alpha * dx, r, aux - _linalg.mm(jac_aux, alpha * dx)
 
         return update
 
@@ -378,12 +380,22 @@ class SimplifiedNewton(AbstractRootSolver):
 
     def _make_update(self, f, x0, precond):
         jac, jac_aux = jax.jacfwd(f)(x0)
-        lu = jsl.lu_factor(jac)
+        if jac.shape[0] <= _linalg._SMALL_SOLVE:
+            # small: the inverse once, then products that fuse with the residual
+            inverse = _linalg.solve(jac, jnp.eye(jac.shape[0], dtype=jac.dtype))
+
+            def apply(r):
+                return _linalg.mm(inverse, r)
+        else:
+            lu = jsl.lu_factor(jac)
+
+            def apply(r):
+                return jsl.lu_solve(lu, r)
 
         def update(x):
             r, aux = f(x)
-            dx = jsl.lu_solve(lu, r)
-            return dx, r, aux - jac_aux @ dx
+            dx = apply(r)
+            return dx, r, aux - _linalg.mm(jac_aux, dx)
 
         return update
 

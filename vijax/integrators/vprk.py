@@ -25,6 +25,7 @@ from equinox import AbstractVar
 from jaxtyping import Array, Float
 
 from .. import tableaus as tb
+from .._linalg import mm
 from .._typing import DenseLayout, ScalarLike, Stages, Vector
 from ..quadrature import (
     integration_matrix,
@@ -55,7 +56,7 @@ def stage_values(system, a, q, h, V):
     """Stage positions ``Q^i = q + h sum_j a_ij V^j`` and ``(D1L, D2L)`` at ``(Q^i, V^i)``
     (Martín de Diego & Sato Martín de Almagro (2022), eqs. (9) and (13)): the part every VPRK
     variant shares."""
-    Q = q[None, :] + h * (a @ V)
+    Q = q[None, :] + h * mm(a, V)
     D1, D2 = jax.vmap(system.derivatives)(Q, V)
     return Q, D1, D2
 
@@ -231,7 +232,7 @@ class VPRK(AbstractPRK):
         """Residual ``D2L(Q^i, V^i) - P^i`` of eq. (9), and the stage ``W^i``."""
         a, ahat, _ = self._coefficients(q.dtype)
         _, W, D2 = stage_values(system, a, q, h, V)
-        return D2 - (p[None, :] + h * (ahat @ W)), W
+        return D2 - (p[None, :] + h * mm(ahat, W)), W
 
     def step(self, system: LagrangianSystem, state: VPRKState, h: ScalarLike
              ) -> tuple[VPRKState, SolverStats]:
@@ -247,13 +248,13 @@ class VPRK(AbstractPRK):
             minv = system.inverse_mass_matrix(q)
 
             def velocities(W):
-                return (p[None, :] + h * (ahat @ W)) @ minv.T
+                return mm(p[None, :] + h * mm(ahat, W), minv.T)
 
             def residual(W):
                 V = velocities(W)
-                return W - jax.vmap(system.d1_lagrangian)(q[None, :] + h * (a @ V), V)
+                return W - jax.vmap(system.d1_lagrangian)(q[None, :] + h * mm(a, V), V)
 
-            W, stats = self.solver.solve(residual, extrap @ state.forces)
+            W, stats = self.solver.solve(residual, mm(extrap, state.forces))
             V = velocities(W)
         else:
             if isinstance(system, MechanicalSystem):
@@ -263,28 +264,28 @@ class VPRK(AbstractPRK):
                 # step start).
                 def residual(V):
                     Q, W, _ = stage_values(system, a, q, h, V)
-                    P = p[None, :] + h * (ahat @ W)
-                    minv_p = jax.vmap(lambda Qi, Pi: system.inverse_mass_matrix(Qi) @ Pi)
+                    P = p[None, :] + h * mm(ahat, W)
+                    minv_p = jax.vmap(lambda Qi, Pi: mm(system.inverse_mass_matrix(Qi), Pi))
                     return V - minv_p(Q, P), W
 
                 precond = None
             else:
                 # Momentum form D2L(Q^i, V^i) - P^i, preconditioned by the velocity Hessian
                 # at the step start, inverted once per step.
-                V0 = extrap @ state.stages
+                V0 = mm(extrap, state.stages)
                 minv = system.inverse_velocity_hessian(q, V0[-1])
 
                 def residual(V):
                     return self.stage_residual(system, q, p, h, V)
 
                 def precond(r):
-                    return r @ minv.T
+                    return mm(r, minv.T)
 
             # W^i comes from the last residual evaluation (within the tolerance of the
             # root), not from an evaluation after the solve.
-            V, W, stats = self.solver.solve(residual, extrap @ state.stages, precond,
+            V, W, stats = self.solver.solve(residual, mm(extrap, state.stages), precond,
                                             has_aux=True)
-        new = VPRKState(t=state.t + h, q=q + h * (b @ V), p=p + h * (b @ W), stages=V,
+        new = VPRKState(t=state.t + h, q=q + h * mm(b, V), p=p + h * mm(b, W), stages=V,
                         forces=W)
         return new, stats
 
