@@ -7,8 +7,6 @@ solve per state for a general Lagrangian); returning the whole Solution keeps it
     python benchmarks/direct_call_overhead.py
 """
 
-import time
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -17,20 +15,11 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 
 import vijax as vj  # noqa: E402
+from per_step_cost import best  # noqa: E402
 
 SYSTEM = vj.systems.GeneralKepler()
 INTEG = vj.VPRK.gauss(2)
 Q0, V0 = jnp.array([0.5, 0.0]), jnp.array([0.0, np.sqrt(3.0)])
-
-
-def best(f, repeats):
-    jax.block_until_ready(f())
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(f())
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def main():
