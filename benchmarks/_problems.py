@@ -119,7 +119,7 @@ def hand_written_rhs(system) -> Callable:
     textbook double-pendulum equations in absolute angles (mass matrix inverted in closed
     form) for :class:`vijax.systems.DoublePendulum`."""
     if isinstance(system, (vj.systems.Kepler, vj.systems.GeneralKepler)):
-        mu = getattr(system, "mu", 1.0)
+        mu = system.mu
 
         def f(y):
             q = y[:2]

@@ -673,32 +673,37 @@ def part_c(cfg, repeats_default):
             ratios[what] = dict(ratio=r, ratio_cpu=rc, target=target, met=bool(r <= target),
                                 num=a, den=b)
 
-    ratio("gauss2/fixedpoint/Kepler", "tsit5/autodiff EL rhs/Kepler", 1.5,
-          "Gauss-2 / Tsit5 per step, Kepler (MechanicalSystem)")
-    ratio("gauss2/fixedpoint/GeneralKepler", "tsit5/autodiff EL rhs/GeneralKepler", 3.0,
-          "Gauss-2 / Tsit5 per step, GeneralKepler (same system's rhs)")
-    ratio("gauss2/fixedpoint/GeneralKepler", "tsit5/autodiff EL rhs/Kepler", 3.0,
-          "Gauss-2 (GeneralKepler) / Tsit5 (Kepler rhs) per step [strict]")
-    ratio("gauss2/fixedpoint/Kepler", "tsit5/autodiff EL rhs, no LAPACK/Kepler", 1.5,
-          "Gauss-2 / Tsit5 (EL rhs, no LAPACK) per step, Kepler [sensitivity]")
-    ratio("gauss2/fixedpoint/GeneralKepler", "tsit5/autodiff EL rhs, no LAPACK/GeneralKepler",
-          3.0, "Gauss-2 / Tsit5 (EL rhs, no LAPACK) per step, GeneralKepler [sens.]")
-    ratio("gauss2/fixedpoint/Kepler", "tsit5/hand-written rhs/Kepler", 0.75,
-          "Gauss-2 / Tsit5 (hand-written rhs) per step, Kepler")
-    ratio("gauss2/fixedpoint/GeneralKepler", "tsit5/hand-written rhs/Kepler", 1.0,
-          "Gauss-2 (GeneralKepler) / Tsit5 (hand-written rhs) per step")
-    ratio("gauss4/fixedpoint/Kepler", "dopri8/hand-written rhs/Kepler", 1.0,
-          "Gauss-4 / Dopri8 (hand-written rhs) per step, Kepler")
-    ratio("gauss4/fixedpoint/GeneralKepler", "dopri8/hand-written rhs/Kepler", 1.0,
-          "Gauss-4 (GeneralKepler) / Dopri8 (hand-written rhs) per step")
+    # (vijax row, peer row, target, label); rows are "method/solver or rhs/system"
+    table = [
+        ("gauss2/fixedpoint/Kepler", "tsit5/autodiff EL rhs/Kepler", 1.5,
+         "Gauss-2 / Tsit5 per step, Kepler (MechanicalSystem)"),
+        ("gauss2/fixedpoint/GeneralKepler", "tsit5/autodiff EL rhs/GeneralKepler", 3.0,
+         "Gauss-2 / Tsit5 per step, GeneralKepler (same system's rhs)"),
+        ("gauss2/fixedpoint/GeneralKepler", "tsit5/autodiff EL rhs/Kepler", 3.0,
+         "Gauss-2 (GeneralKepler) / Tsit5 (Kepler rhs) per step [strict]"),
+        ("gauss2/fixedpoint/Kepler", "tsit5/autodiff EL rhs, no LAPACK/Kepler", 1.5,
+         "Gauss-2 / Tsit5 (EL rhs, no LAPACK) per step, Kepler [sensitivity]"),
+        ("gauss2/fixedpoint/GeneralKepler", "tsit5/autodiff EL rhs, no LAPACK/GeneralKepler",
+         3.0, "Gauss-2 / Tsit5 (EL rhs, no LAPACK) per step, GeneralKepler [sens.]"),
+        ("gauss2/fixedpoint/Kepler", "tsit5/hand-written rhs/Kepler", 0.75,
+         "Gauss-2 / Tsit5 (hand-written rhs) per step, Kepler"),
+        ("gauss2/fixedpoint/GeneralKepler", "tsit5/hand-written rhs/Kepler", 1.0,
+         "Gauss-2 (GeneralKepler) / Tsit5 (hand-written rhs) per step"),
+        ("gauss4/fixedpoint/Kepler", "dopri8/hand-written rhs/Kepler", 1.0,
+         "Gauss-4 / Dopri8 (hand-written rhs) per step, Kepler"),
+        ("gauss4/fixedpoint/GeneralKepler", "dopri8/hand-written rhs/Kepler", 1.0,
+         "Gauss-4 (GeneralKepler) / Dopri8 (hand-written rhs) per step"),
+    ]
     for sname in systems:
         for solver in solvers:
-            ratio(f"gauss3/{solver}/{sname}", f"kvaerno5/autodiff EL rhs/{sname}", 1.0,
-                  f"Gauss-3 ({solver}) / Kvaerno5 per step, {sname}")
-            ratio(f"gauss3/{solver}/{sname}", f"kvaerno5/autodiff EL rhs, no LAPACK/{sname}",
-                  1.0, f"Gauss-3 ({solver}) / Kvaerno5 (no LAPACK) per step, {sname} [sens.]")
-            ratio(f"gauss3/{solver}/{sname}", f"kvaerno5/hand-written rhs/{sname}", 1.0,
-                  f"Gauss-3 ({solver}) / Kvaerno5 (hand-written rhs) per step, {sname}")
+            for rhs, what in (
+                    ("autodiff EL rhs", "Kvaerno5 per step, {}"),
+                    ("autodiff EL rhs, no LAPACK", "Kvaerno5 (no LAPACK) per step, {} [sens.]"),
+                    ("hand-written rhs", "Kvaerno5 (hand-written rhs) per step, {}")):
+                table.append((f"gauss3/{solver}/{sname}", f"kvaerno5/{rhs}/{sname}", 1.0,
+                              f"Gauss-3 ({solver}) / " + what.format(sname)))
+    for num, den, target, what in table:
+        ratio(num, den, target, what)
     plot_per_step(rows, RESULTS / f"per_step_cost{TAG}.png")
     return dict(n_steps=n, save_every=se, h=h, repeats=reps, rows=rows, ratios=ratios)
 

@@ -468,3 +468,33 @@ def test_keyword_only_arguments():
     with pytest.raises(TypeError):
         vj.simulate(PENDULUM, GAUSS2, Q0, V0, 0.1, 12)
 
+
+
+def test_direct_calls_check_each_distinct_input_once():
+    """A direct call runs the value checks once per distinct input and caches what they return:
+    a repeated call adds no cache entry and gives the same trajectory; a new value (of a
+    parameter, the initial data or the integrator's configuration) is checked afresh, so a bad
+    value after a good one still raises."""
+    import sys
+
+    sim_module = sys.modules["vijax.simulate"]  # the module (vijax.simulate is the function)
+
+    sim_module._CHECKED.clear()
+    first = pendulum()
+    assert len(sim_module._CHECKED) == 1
+    again = pendulum()
+    assert len(sim_module._CHECKED) == 1
+    np.testing.assert_array_equal(np.asarray(first.q), np.asarray(again.q))
+    # from momenta: the cached entry holds the velocity the inverse Legendre map returned
+    p_first = pendulum(v0=None, p0=jnp.array([0.3]))
+    p_again = pendulum(v0=None, p0=jnp.array([0.3]))
+    assert len(sim_module._CHECKED) == 2
+    np.testing.assert_array_equal(np.asarray(p_first.v), np.asarray(p_again.v))
+    vj.simulate(S.Pendulum(l=2.0), GAUSS2, q0=Q0, v0=V0, dt=0.1, n_steps=12)
+    vj.simulate(PENDULUM, vj.VPRK.gauss(3), q0=Q0, v0=V0, dt=0.1, n_steps=12)
+    assert len(sim_module._CHECKED) == 4
+    with pytest.raises(ValueError, match="Pendulum.l is not finite"):
+        vj.simulate(S.Pendulum(l=float("nan")), GAUSS2, q0=Q0, v0=V0, dt=0.1, n_steps=12)
+    with pytest.raises(ValueError, match="dt must be positive"):
+        pendulum(dt=-0.1)
+    assert len(sim_module._CHECKED) == 4  # failed checks are not cached

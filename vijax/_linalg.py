@@ -1,18 +1,22 @@
-"""Small dense linear algebra without LAPACK custom calls for tiny systems.
+"""Small dense linear algebra as fusible array code.
 
-On CPU a LAPACK call inside a ``lax.scan`` costs more than the arithmetic of a 2x2 or 3x3
-solve, so the per-step inverses of mass matrices use closed forms up to ``n = 3``.
+On CPU a LAPACK call (about 1 us) or a ``dot`` (a separate kernel call) inside a ``lax.scan``
+costs more than the arithmetic of a small system, so small inverses, solves and products --
+mass matrices, stage products, Newton updates -- are written out: closed forms up to
+``n = 3``, unrolled pivoted elimination up to ``n = 6``, sums of outer products.  Larger
+operands go to LAPACK and ``dot`` as usual.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
+import jax.scipy.linalg as jsl
 
-__all__ = ["inv"]
+__all__ = ["inv", "mm", "solve", "factor"]
 
 
 def inv(m):
-    """Inverse of a square matrix; adjugate formula for ``n <= 3``, LU otherwise."""
+    """Inverse of a square matrix; adjugate formula for ``n <= 3``, :func:`solve` otherwise."""
     n = m.shape[-1]
     if n == 1:
         return 1.0 / m
@@ -23,12 +27,12 @@ def inv(m):
         cof = jnp.cross(m[jnp.array([1, 2, 0])], m[jnp.array([2, 0, 1])])  # cofactor rows
         det = jnp.vdot(m[0], cof[0])
         return cof.T / det
-    return jnp.linalg.inv(m)
+    return solve(m, jnp.eye(n, dtype=m.dtype))
 
 
-# A product whose operands are this small is written as a broadcast multiply and a sum, which
-# XLA fuses with the surrounding elementwise work; a dot is its own kernel call on CPU (about
-# 50-100 ns each, more than the arithmetic of a 2x2 or 4x3 product).
+# A product with at most this many terms and a short inner dimension is written as a sum of
+# outer products, which XLA fuses with the surrounding elementwise work; a dot is its own
+# kernel call on CPU (about 50-100 ns each, more than the arithmetic of a 2x2 or 4x3 product).
 _SMALL_PRODUCT = 4096
 _UNROLL = 8
 
@@ -39,17 +43,14 @@ def mm(a, b):
         return a @ b
     a2 = a if a.ndim == 2 else a[None, :]
     b2 = b if b.ndim == 2 else b[:, None]
-    if a2.shape[0] * a2.shape[1] * b2.shape[1] > _SMALL_PRODUCT:
-        return a @ b
     k = a2.shape[1]
-    if k <= _UNROLL:
-        # a sum of k outer-product terms: elementwise code only (a reduction is a fusion
-        # boundary on XLA:CPU)
-        out = a2[:, 0, None] * b2[None, 0, :]
-        for j in range(1, k):
-            out = out + a2[:, j, None] * b2[None, j, :]
-    else:
-        out = jnp.sum(a2[:, :, None] * b2[None, :, :], axis=1)
+    if k > _UNROLL or a2.shape[0] * k * b2.shape[1] > _SMALL_PRODUCT:
+        return a @ b
+    # a sum of k outer-product terms: elementwise code only (a reduction, like a dot, is a
+    # fusion boundary on XLA:CPU)
+    out = a2[:, 0, None] * b2[None, 0, :]
+    for j in range(1, k):
+        out = out + a2[:, j, None] * b2[None, j, :]
     if a.ndim == 1:
         out = out[0]
     if b.ndim == 1:
@@ -59,7 +60,7 @@ def mm(a, b):
 
 # Dense systems up to this size are solved by Gaussian elimination with partial pivoting
 # written out as array code: a LAPACK custom call costs about 1 us on CPU, more than the
-# elimination at these sizes.  Measured per step with Newton (benchmarks/per_step_cost.py):
+# elimination at these sizes.  Measured per step with Newton (benchmarks/user_calls.py):
 # n = 2: 4.2 -> 0.8 us, n = 4: 3.2 -> 1.6 us, n = 6: 4.2 -> 3.2 us; at n = 8 the unrolled
 # elimination is larger than a stage loop XLA:CPU compiles into one kernel, and it costs 3x
 # the LAPACK solve.
@@ -95,3 +96,13 @@ def solve(m, b):
         x[i] = acc / a[i, i]
     out = jnp.stack(x)
     return out[:, 0] if vec else out
+
+
+def factor(m):
+    """``r -> m^{-1} r`` for a matrix factorised once and applied many times: the inverse
+    (then a product that fuses with the caller's arithmetic) for ``n <= 6``, LU otherwise."""
+    if m.shape[-1] <= _SMALL_SOLVE:
+        inverse = solve(m, jnp.eye(m.shape[-1], dtype=m.dtype))
+        return lambda r: mm(inverse, r)
+    lu = jsl.lu_factor(m)
+    return lambda r: jsl.lu_solve(lu, r)

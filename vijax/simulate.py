@@ -361,29 +361,20 @@ def _run(system, integrator, q0, v0, t0, dt, n_saves: int, save_every: int, dens
 
     def save(state, j):
         """The ``save_every`` steps ending at save ``j``; returns the record saved."""
+        # the step index rides in the carry: an index array as the scan's input would be a
+        # buffer of the loop, and past about 1 kB XLA:CPU no longer runs it as one kernel
+        def body(carry, _):
+            k, state, agg = carry
+            state, agg, rec = one_step(k, state, agg)
+            return (k + 1, state, agg), rec
+
         first = (j * save_every).astype(jnp.int32)
-        if dense:
-            def body(carry, i):
-                state, agg = carry
-                state, agg, rec = one_step(first + i, state, agg)
-                return (state, agg), rec
+        (_, state, agg), recs = jax.lax.scan(body, (first, state, zero), None,
+                                             length=save_every)
+        return state, (state, agg, recs)
 
-            (state, agg), recs = jax.lax.scan(body, (state, zero),
-                                              jnp.arange(save_every, dtype=jnp.int32))
-            return state, (state, agg, recs)
-        if save_every == 1:
-            state, agg, _ = one_step(first, state, zero)
-            return state, (state, agg, None)
-
-        def body(i, carry):
-            state, agg, _ = one_step(first + i, *carry)
-            return state, agg
-
-        state, agg = jax.lax.fori_loop(0, save_every, body, (state, zero))
-        return state, (state, agg, None)
-
-    record = jax.eval_shape(lambda s: save(s, jnp.asarray(0))[1], state0)
-    per_chunk = 1 if dense else _chunk(n_saves, _nbytes(record))
+    # a saved record is a state and its block's statistics (dense output: one save per chunk)
+    per_chunk = 1 if dense else _chunk(n_saves, _nbytes((state0, zero)))
 
     def chunk(state, i):
         return jax.lax.scan(save, state, i * per_chunk + jnp.arange(per_chunk))
@@ -460,30 +451,25 @@ def simulate(
     the compiled run, so its cost is that of a ``jit``-compiled call.
     """
     _warn_precision(q0=q0, v0=v0, p0=p0, dt=dt)
-    args = dict(q0=q0, v0=v0, p0=p0, dt=dt, n_steps=n_steps, save_every=save_every,
-                dense=dense, t0=t0, project=project)
+    counts = _static_checks(system, integrator, n_steps, save_every, dense)
+    values = dict(q0=q0, v0=v0, p0=p0, dt=dt, t0=t0, project=project)
     if _tracing() or any(_is_traced(x) for x in jax.tree_util.tree_leaves(
             (system, integrator, q0, v0, p0, dt, t0))):
-        return _simulate(system, integrator, throw=throw, **args)
-    key = _checked_key(system, integrator, q0, v0, p0, dt, t0, project)
-    prepared = None if key is None else _CHECKED.get(key)
-    if prepared is None:
-        prepared = _prepare(system, integrator, **args)
-        if key is not None:
-            if len(_CHECKED) >= _CHECKED_SIZE:
-                _CHECKED.pop(next(iter(_CHECKED)))
-            _CHECKED[key] = prepared
-    else:
-        # the static checks are cheap and depend on the arguments not in the key
-        _check_compatible(system, integrator)
-        n = _static_count("n_steps", n_steps)
-        k = _static_count("save_every", save_every)
-        prepared = prepared[:5] + _counts(n, k, integrator, dense)
-    return _finish(integrator, *prepared, throw=throw)
+        return _finish(integrator, *_check_values(system, integrator, **values), *counts,
+                       throw=throw)
+    key = _checked_key(system, integrator, values)
+    checked = None if key is None else _CHECKED.pop(key, None)
+    if checked is None:
+        checked = _check_values(system, integrator, **values)
+        if key is not None and len(_CHECKED) >= _CHECKED_SIZE:
+            _CHECKED.pop(next(iter(_CHECKED)))  # the least recently used
+    if key is not None:
+        _CHECKED[key] = checked  # (re)inserted last: most recently used
+    return _finish(integrator, *checked, *counts, throw=throw)
 
 
-# Inputs whose value checks passed, with what the checks returned (the projected or
-# momentum-derived initial state and the system with array parameters): most recent last.
+# Inputs whose value checks passed, with what the checks returned (the system with array
+# parameters and the projected or momentum-derived initial state), least recently used first.
 _CHECKED: dict = {}
 _CHECKED_SIZE = 256
 
@@ -495,49 +481,52 @@ def _leaf_key(x):
     return (x.shape, x.dtype.str, x.tobytes())
 
 
-def _checked_key(system, integrator, q0, v0, p0, dt, t0, project):
+def _checked_key(system, integrator, values):
     """A hashable key of everything the value checks read, or ``None`` (not cached)."""
     try:
-        leaves, treedef = jax.tree_util.tree_flatten((system, q0, v0, p0, dt, t0))
-        key = (type(integrator), treedef, bool(project),
-               tuple(_leaf_key(x) for x in leaves))
+        # the integrator too: its check_initial may read its configuration
+        leaves, treedef = jax.tree_util.tree_flatten((system, integrator, values))
+        key = (treedef, tuple(_leaf_key(x) for x in leaves))
         hash(key)
         return key
     except (TypeError, ValueError):
         return None
 
 
+try:
+    from jax._src.core import trace_state_clean as _trace_state_clean
+except ImportError:  # pragma: no cover - a JAX without it: stage a constant and look
+    def _trace_state_clean() -> bool:
+        return not _is_traced(jax.lax.full((), 0))
+
+
 def _tracing() -> bool:
-    """Whether this call is being traced (inside ``jit``), whatever its arguments: under
-    ``jit`` every operation is staged, so even a constant comes back traced."""
-    return _is_traced(jnp.zeros(()) + 0)
+    """Whether this call is being traced (inside ``jit``), whatever its arguments."""
+    return not _trace_state_clean()
 
 
-def _raise_if_failed(sol: Solution, integrator: AbstractIntegrator) -> None:
+def _raise_if_failed(sol: Solution, integrator: AbstractIntegrator, t0, dt,
+                     save_every: int) -> None:
     ok = np.asarray(sol.stats.converged)
     if bool(np.all(ok)):
         return
     k = int(sol.stats.first_failure)
-    save_every = sol.n_steps // (sol.t.shape[0] - 1)
     residual = float(np.asarray(sol.stats.residual)[k // save_every])
-    t0 = float(sol.t[0])
-    dt = float(sol.t[1] - sol.t[0]) / save_every
     raise ConvergenceError(
         f"The stage equations of {integrator.name} did not converge at step {k} "
-        f"(t = {t0 + k * dt:.6g}; residual {residual:.3g}), so the "
+        f"(t = {float(t0) + k * float(dt):.6g}; residual {residual:.3g}), so the "
         f"trajectory is wrong from that step on. Reduce dt, raise the solver's max_steps, or use "
         f"solver=vijax.solvers.Newton() for stiff problems; pass throw=False to get "
         f"the result anyway and inspect sol.stats (converged, failed_step)."
     )
 
 
-def _simulate(system, integrator, *, throw, **args) -> Solution:
-    """:func:`simulate` on any values, traced or concrete: checks on concrete values raise at
-    once, checks on traced ones are carried in the graph."""
-    return _finish(integrator, *_prepare(system, integrator, **args), throw=throw)
-
-
-def _counts(n_steps, save_every, integrator, dense):
+def _static_checks(system, integrator, n_steps, save_every, dense) -> tuple[int, int, bool]:
+    """Types and Python ints (raised at trace time under jit); ``(n_steps, save_every,
+    dense)`` as static Python values."""
+    _check_compatible(system, integrator)
+    n_steps = _static_count("n_steps", n_steps)
+    save_every = _static_count("save_every", save_every)
     if n_steps % save_every:
         raise ValueError(f"n_steps = {n_steps} is not a multiple of save_every = {save_every}; "
                          f"choose n_steps = {(n_steps // save_every + 1) * save_every}, say.")
@@ -547,14 +536,10 @@ def _counts(n_steps, save_every, integrator, dense):
     return n_steps, save_every, bool(dense)
 
 
-def _prepare(system, integrator, *, q0, v0, p0, dt, n_steps, save_every, dense, t0, project):
-    """Every check of :func:`simulate`'s inputs; returns ``(system, q0, v0, dt, t0, n_steps,
-    save_every, dense)`` ready for the run (projected, ``v0`` from ``p0``, array parameters)."""
-    # Static checks: types, Python ints, shapes and dtypes (at trace time under jit).
-    _check_compatible(system, integrator)
-    n_steps, save_every, dense = _counts(_static_count("n_steps", n_steps),
-                                         _static_count("save_every", save_every),
-                                         integrator, dense)
+def _check_values(system, integrator, *, q0, v0, p0, dt, t0, project):
+    """Shapes and dtypes (at trace time under jit), then the checks on values: raised at once
+    on concrete values, carried in the graph on traced ones.  Returns ``(system, q0, v0, dt,
+    t0)`` ready for the run (projected, ``v0`` from ``p0``, array parameters)."""
     q0 = _vector("q0", q0, system.ndim)
     x0 = _check_shapes(q0, v0, p0)
     dtype = q0.dtype
@@ -604,13 +589,13 @@ def _prepare(system, integrator, *, q0, v0, p0, dt, n_steps, save_every, dense, 
     # (no recompilation per value) and the system follows the dtype of q0.
     system = jax.tree_util.tree_map(
         lambda x: jnp.asarray(x, dtype) if isinstance(x, float) else x, system)
-    return system, q0, v0, dt, t0, n_steps, save_every, dense
+    return system, q0, v0, dt, t0
 
 
 def _finish(integrator, system, q0, v0, dt, t0, n_steps, save_every, dense, *, throw):
     """The compiled run on checked inputs, and its convergence check."""
     t, states, v, stats, interp = _run(system, integrator, q0, v0, t0, dt,
-                                       n_steps // save_every, save_every, bool(dense))
+                                       n_steps // save_every, save_every, dense)
     sol = Solution(t=t, q=states.q, v=v, p=states.p, stats=stats, states=states,
                    n_steps=n_steps, interpolation=interp)
     if throw:
@@ -624,5 +609,5 @@ def _finish(integrator, system, q0, v0, dt, t0, n_steps, save_every, dense, *, t
                 "sol.stats (converged, failed_step, first_failure), or run without jit to have "
                 "the step named.")
         else:
-            _raise_if_failed(sol, integrator)
+            _raise_if_failed(sol, integrator, t0, dt, save_every)
     return sol

@@ -30,7 +30,6 @@ from typing import ClassVar, Optional, Union
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import jax.scipy.linalg as jsl
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Bool, Float, Int, PyTree
 
@@ -88,14 +87,10 @@ def default_tolerance(dtype) -> float:
     return 10.0 * float(jnp.finfo(dtype).eps)
 
 
-def _dense_solve(matrix, rhs):
-    return _linalg.solve(matrix, rhs)
-
-
 def _tangent_solve(g, y):
     # ``g`` is the linearisation of F at the root; its Jacobian is dF/dx (implicit function
     # theorem).  Unknowns are flat vectors here (see ``AbstractRootSolver.solve``).
-    return _dense_solve(jax.jacfwd(g)(y), y)
+    return _linalg.solve(jax.jacfwd(g)(y), y)
 
 
 @jax.custom_jvp
@@ -358,7 +353,7 @@ class Newton(AbstractRootSolver):
             # The aux output's Jacobian comes from the same forward pass; it carries aux to
             # the new iterate to second order in the step.
             (jac, jac_aux), (r, aux) = jax.jacfwd(with_value, has_aux=True)(x)
-            dx = _dense_solve(jac, r)
+            dx = _linalg.solve(jac, r)
             if not self.damped:
                 return dx, r, aux - _linalg.mm(jac_aux, dx)
             norm0 = jnp.max(jnp.abs(r))
@@ -380,17 +375,7 @@ class SimplifiedNewton(AbstractRootSolver):
 
     def _make_update(self, f, x0, precond):
         jac, jac_aux = jax.jacfwd(f)(x0)
-        if jac.shape[0] <= _linalg._SMALL_SOLVE:
-            # small: the inverse once, then products that fuse with the residual
-            inverse = _linalg.solve(jac, jnp.eye(jac.shape[0], dtype=jac.dtype))
-
-            def apply(r):
-                return _linalg.mm(inverse, r)
-        else:
-            lu = jsl.lu_factor(jac)
-
-            def apply(r):
-                return jsl.lu_solve(lu, r)
+        apply = _linalg.factor(jac)
 
         def update(x):
             r, aux = f(x)

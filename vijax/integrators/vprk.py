@@ -265,7 +265,7 @@ class VPRK(AbstractPRK):
                 def residual(V):
                     Q, W, _ = stage_values(system, a, q, h, V)
                     P = p[None, :] + h * mm(ahat, W)
-                    minv_p = jax.vmap(lambda Qi, Pi: mm(system.inverse_mass_matrix(Qi), Pi))
+                    minv_p = jax.vmap(lambda Qi, Pi: system.inverse_mass_matrix(Qi) @ Pi)
                     return V - minv_p(Q, P), W
 
                 precond = None

@@ -9,10 +9,15 @@ Three groups, each timed as the best of ``--repeats`` blocked calls after a warm
   each Newton update: 2s x 2s);
 * ``constrained``: the holonomic families on the planar Cartesian pendulum, ten saves.
 
-Plus the cost of a short (10-step) direct call.  Compare two versions of the library by
-running this script against each checkout (``PYTHONPATH=<checkout>``) on a quiet machine.
+and ``call``: GeneralKepler with ``VPRK.gauss(2)`` for 10 and 10^5 steps, called directly, under
+``equinox.filter_jit`` returning the whole Solution, and under ``jax.jit`` returning ``sol.q``
+only (which lets XLA drop the velocity recovery of the saved states: an inverse Legendre solve
+per state for a general Lagrangian).
 
-    python benchmarks/per_step_cost.py --out benchmarks/results
+Compare two versions of the library by running this script against each checkout
+(``PYTHONPATH=<checkout>``) on a quiet machine.
+
+    python benchmarks/user_calls.py --out benchmarks/results    # -> user_calls.json
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import json
 import time
 from pathlib import Path
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -70,7 +76,7 @@ def cases():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", default=None, help="folder for per_step_cost.json")
+    ap.add_argument("--out", default=None, help="folder for user_calls.json")
     args = ap.parse_args()
     rows = []
     for group, name, system, integ, (q0, v0), n, se in cases():
@@ -83,15 +89,24 @@ def main():
         print(f"{group:12s} {name:48s} {1e6 * t / n:8.3f} us/step", flush=True)
     system, integ = vj.systems.GeneralKepler(), vj.VPRK.gauss(2)
     q0, v0 = jnp.array([0.5, 0.0]), jnp.array([0.0, np.sqrt(3.0)])
-    t = best(lambda: vj.simulate(system, integ, q0=q0, v0=v0, dt=0.01, n_steps=10), 50)
-    rows.append(dict(group="call", case="10-step direct call, GeneralKepler, VPRK.gauss(2)",
-                     ms_per_call=1e3 * t))
-    print(f"{'call':12s} {'10-step direct call, GeneralKepler':48s} {1e3 * t:8.3f} ms", flush=True)
+    for n, repeats in ((10, 50), (100_000, args.repeats)):
+        def call(q0, v0, n=n):
+            return vj.simulate(system, integ, q0=q0, v0=v0, dt=0.01, n_steps=n)
+
+        q_only, whole = jax.jit(lambda q0, v0: call(q0, v0).q), eqx.filter_jit(call)
+        for how, f in (("direct (whole Solution)", lambda: call(q0, v0)),
+                       ("eqx.filter_jit, whole Solution", lambda: whole(q0, v0)),
+                       ("jax.jit, sol.q only", lambda: q_only(q0, v0))):
+            t = best(f, repeats)
+            rows.append(dict(group="call", case=f"GeneralKepler VPRK.gauss(2), {how}",
+                             n_steps=n, ms_per_call=1e3 * t, us_per_step=1e6 * t / n))
+            print(f"{'call':12s} n = {n:6d} {how:39s} {1e3 * t:9.3f} ms "
+                  f"{1e6 * t / n:8.3f} us/step", flush=True)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         info = dict(jax=jax.__version__, device=str(jax.devices()[0]), rows=rows)
-        (out / "per_step_cost.json").write_text(json.dumps(info, indent=1))
+        (out / "user_calls.json").write_text(json.dumps(info, indent=1))
 
 
 if __name__ == "__main__":
