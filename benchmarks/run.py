@@ -85,9 +85,11 @@ FULL = dict(
         n_steps={  # step counts over [0, T]  (Kepler T = 100, double pendulum T = 20)
             "kepler": {"gauss2": [1000, 2000, 4000, 8000, 16000, 32000],
                        "gauss3": [500, 1000, 2000, 4000, 8000, 16000],
+                       "gauss4": [500, 1000, 2000, 4000, 8000],
                        "lobatto3": [1000, 2000, 4000, 8000, 16000, 32000]},
             "double_pendulum": {"gauss2": [500, 1000, 2000, 4000, 8000, 16000],
                                 "gauss3": [250, 500, 1000, 2000, 4000, 8000],
+                                "gauss4": [250, 500, 1000, 2000, 4000],
                                 "lobatto3": [500, 1000, 2000, 4000, 8000, 16000]},
         },
         tols={"tsit5": [10.0 ** -k for k in range(3, 14)],
@@ -99,9 +101,10 @@ FULL = dict(
     b=dict(
         problems=["kepler", "double_pendulum"],
         t_final=1.0e4, n_save=1000,
-        h={"kepler": {"gauss2": [0.05, 0.01], "gauss3": [0.05, 0.02],
+        h={"kepler": {"gauss2": [0.05, 0.01], "gauss3": [0.05, 0.02], "gauss4": 0.1,
                       "lobatto3": [0.05, 0.01]},
-           "double_pendulum": {"gauss2": 0.01, "gauss3": 0.02, "lobatto3": 0.01}},
+           "double_pendulum": {"gauss2": 0.01, "gauss3": 0.02, "gauss4": 0.02,
+                               "lobatto3": 0.01}},
         tols=[10.0 ** (-k / 2) for k in range(4, 27)],   # 1e-2 ... 1e-13, half decades
         start_tol=1e-6,  # the sweep starts here and brackets the vijax wall times
         overshoot=1.3,   # tighten until a run takes > overshoot x the largest vijax time
@@ -140,7 +143,7 @@ PRESETS = {
     "gauss2": ("vijax Gauss-2", lambda **kw: vj.VPRK.gauss(2, **kw)),
     "gauss3": ("vijax Gauss-3", lambda **kw: vj.VPRK.gauss(3, **kw)),
     "lobatto3": ("vijax Lobatto-3", lambda **kw: vj.VPRK.lobatto(3, **kw)),
-    "gauss4": ("vijax Gauss-4", lambda **kw: vj.VPRK.gauss(4, **kw)),   # part d only
+    "gauss4": ("vijax Gauss-4", lambda **kw: vj.VPRK.gauss(4, **kw)),
 }
 SOLVERS = {"fixedpoint": lambda: vj.solvers.FixedPoint(), "newton": lambda: vj.solvers.Newton()}
 
@@ -153,7 +156,8 @@ PEERS = {
 
 STYLE = {
     "gauss2": dict(color="C0", marker="o"), "gauss3": dict(color="C1", marker="s"),
-    "lobatto3": dict(color="C2", marker="^"), "tsit5": dict(color="C3", marker="v", ls="--"),
+    "lobatto3": dict(color="C2", marker="^"), "gauss4": dict(color="C6", marker="*"),
+    "tsit5": dict(color="C3", marker="v", ls="--"),
     "dopri8": dict(color="C4", marker="D", ls="--"), "kvaerno5": dict(color="C5", marker="P",
                                                                       ls="--"),
     "scipy_dop853": dict(color="C7", marker="x", ls=":"),

@@ -77,9 +77,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default=None, help="folder for user_calls.json")
+    ap.add_argument("--groups", default="saved,newton,constrained,call",
+                    help="comma-separated groups to run (default: all)")
     args = ap.parse_args()
+    groups = set(args.groups.split(","))
     rows = []
     for group, name, system, integ, (q0, v0), n, se in cases():
+        if group not in groups:
+            continue
         def call(n=n, se=se, system=system, integ=integ, q0=q0, v0=v0):
             return vj.simulate(system, integ, q0=q0, v0=v0, dt=0.01, n_steps=n, save_every=se)
 
@@ -89,7 +94,7 @@ def main():
         print(f"{group:12s} {name:48s} {1e6 * t / n:8.3f} us/step", flush=True)
     system, integ = vj.systems.GeneralKepler(), vj.VPRK.gauss(2)
     q0, v0 = jnp.array([0.5, 0.0]), jnp.array([0.0, np.sqrt(3.0)])
-    for n, repeats in ((10, 50), (100_000, args.repeats)):
+    for n, repeats in ((10, 50), (100_000, args.repeats)) if "call" in groups else ():
         def call(q0, v0, n=n):
             return vj.simulate(system, integ, q0=q0, v0=v0, dt=0.01, n_steps=n)
 

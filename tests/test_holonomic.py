@@ -7,6 +7,7 @@ theta0 = 1 at rest) solved in its angle by DOP853, and the same pendulum with a 
 schemes that differ only in its quadrature coincide; the spring tells them apart).
 """
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -218,3 +219,49 @@ def test_small_steps_converge_at_the_round_off_floor(make):
                       save_every=1600)
     assert bool(sol.stats.all_converged)
     assert int(jnp.max(sol.stats.max_iterations)) <= 10
+
+
+def test_saddle_point_inverse_solves_the_bordered_system():
+    """``constraints.saddle_point_inverse`` against a dense solve of the assembled matrix
+    ``[[K (x) H, B (x) G_k^T], [C (x) Gr_l, 0]]`` (3-D double pendulum: n = 6, m = 2, with
+    K, B, C of the Lobatto(3) HolonomicVPRK shape)."""
+    from vijax import constraints as cons
+    system = vj.systems.DoublePendulum3D()
+    q0, v0 = double_pendulum_3d_initial()
+    rng = np.random.default_rng(0)
+    a, z, n, m = 4, 3, 6, 2
+    K = np.eye(a) + 0.1 * rng.standard_normal((a, a))
+    B, C = rng.standard_normal((a, z)), rng.standard_normal((z, a))
+    Gc = jnp.asarray(rng.standard_normal((z, m, n)))
+    Gr = jnp.asarray(rng.standard_normal((z, m, n)))
+    H = np.asarray(system.velocity_hessian(q0, v0))
+    top = np.concatenate([np.kron(K, H), np.concatenate(
+        [np.concatenate([B[i, k] * np.asarray(Gc[k]).T for k in range(z)], axis=1)
+         for i in range(a)], axis=0)], axis=1)
+    bottom = np.concatenate([np.concatenate(
+        [np.concatenate([C[l, i] * np.asarray(Gr[l]) for i in range(a)], axis=1)
+         for l in range(z)], axis=0), np.zeros((z * m, z * m))], axis=1)
+    R, T = rng.standard_normal((a, n)), rng.standard_normal((z, m))
+    want = np.linalg.solve(np.concatenate([top, bottom]), np.concatenate([R.ravel(), T.ravel()]))
+    X, Y = cons.saddle_point_inverse(system, q0, v0, K, B, C, Gc, Gr)(jnp.asarray(R),
+                                                                      jnp.asarray(T))
+    np.testing.assert_allclose(np.concatenate([np.ravel(X), np.ravel(Y)]), want, rtol=1e-10,
+                               atol=1e-12)
+
+
+@pytest.mark.parametrize("make", [vj.HolonomicVPRK.rattle, lambda: vj.HolonomicVPRK.lobatto(4),
+                                  lambda: vj.GalerkinVI.gauss(3),
+                                  lambda: vj.GalerkinVI.gauss(2, mode="paper")],
+                         ids=["rattle", "lobatto4", "galerkin_gauss3", "galerkin_paper"])
+def test_default_solver_agrees_with_newton(make):
+    """The default (fixed point with the saddle-point preconditioner) and full Newton find the
+    same steps to round-off on the 3-D double pendulum (configuration-dependent mass matrix)."""
+    system = vj.systems.DoublePendulum3D()
+    q0, v0 = double_pendulum_3d_initial()
+    integ = make()
+    newton = eqx.tree_at(lambda i: i.solver, integ, vj.solvers.Newton())
+    a, b = (vj.simulate(system, i, q0=q0, v0=v0, dt=0.01, n_steps=200, save_every=200)
+            for i in (integ, newton))
+    assert bool(a.stats.all_converged)
+    np.testing.assert_allclose(np.asarray(a.q), np.asarray(b.q), atol=1e-12)
+    np.testing.assert_allclose(np.asarray(a.p), np.asarray(b.p), atol=1e-11)

@@ -559,3 +559,36 @@ def test_adjoint_is_an_object_not_a_flag():
     assert isinstance(Newton().adjoint, ImplicitAdjoint)
     with pytest.raises(TypeError):
         Newton(implicit_diff=False)  # the old boolean is gone: pass adjoint=UnrolledAdjoint()
+
+
+# ---------------------------------------------------------------------------------------------
+# Preconditioner on a residual shaped unlike the unknowns; the kappa safety factor
+# ---------------------------------------------------------------------------------------------
+
+
+def test_precond_receives_the_residual_structure():
+    """``precond`` gets the residual pytree (here a tuple of a 2-vector and a scalar, the
+    unknowns one 3-vector) and returns an increment shaped like the unknowns."""
+    a = jnp.array([0.8, 1.2, 1.6])
+    fn = lambda x: (x[:2] ** 3 - a[:2], x[2] ** 3 - a[2])  # noqa: E731
+    seen = []
+
+    def precond(r):
+        seen.append(jax.tree_util.tree_map(jnp.shape, r))
+        return jnp.concatenate([r[0], r[1][None]]) / 3.0
+
+    x, st = FixedPoint().solve(fn, jnp.ones(3), precond)
+    assert seen[0] == ((2,), ())
+    assert bool(st.converged)
+    np.testing.assert_allclose(x, ROOT, rtol=1e-14)
+
+
+def test_smaller_kappa_stops_later_and_closer():
+    """``kappa`` < 1 never stops earlier, and leaves no more error than the default."""
+    x0 = jnp.ones(3)
+    loose, st_loose = FixedPoint().solve(cubic(A), x0, cubic_precond(x0))
+    tight, st_tight = FixedPoint(kappa=0.01).solve(cubic(A), x0, cubic_precond(x0))
+    assert bool(st_tight.converged)
+    assert int(st_tight.iterations) >= int(st_loose.iterations)
+    assert float(jnp.max(jnp.abs(tight - ROOT))) <= max(float(jnp.max(jnp.abs(loose - ROOT))),
+                                                        2e-16)

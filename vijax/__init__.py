@@ -7,7 +7,8 @@ Where things live: systems in :mod:`vijax.systems`, integrators in :mod:`vijax.i
 (one module or subpackage per family), tableaus in :mod:`vijax.tableaus`, quadrature rules and
 polynomial bases in :mod:`vijax.quadrature`, dense output in :mod:`vijax.interpolation`, root
 solvers in :mod:`vijax.solvers`, holonomic-constraint tools in :mod:`vijax.constraints`,
-structure checks and order estimates in :mod:`vijax.diagnostics`.
+structure checks and order estimates in :mod:`vijax.diagnostics`, batched ensembles in
+:func:`vijax.simulate_ensemble`.
 """
 
 from . import (constraints, diagnostics, integrators, interpolation, lie, quadrature, solvers,
@@ -17,13 +18,14 @@ from .integrators import (CGVI, DGVI, VPRK, AbstractDenseIntegrator, AbstractInt
                           IncompatibleSystemError, VPRKState)
 from .interpolation import DenseOutput
 from .simulate import PrecisionWarning, Solution, StepStats, simulate
+from .ensemble import simulate_ensemble
 from .solvers import ConvergenceError
 from .systems import HolonomicSystem, LagrangianSystem, MechanicalSystem
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "simulate", "Solution", "StepStats", "DenseOutput", "PrecisionWarning",
+    "simulate", "simulate_ensemble", "Solution", "StepStats", "DenseOutput", "PrecisionWarning",
     "LagrangianSystem", "MechanicalSystem", "HolonomicSystem",
     "AbstractIntegrator", "AbstractDenseIntegrator", "AbstractState", "IncompatibleSystemError",
     "VPRK", "VPRKState", "HolonomicVPRK", "HolonomicState", "GalerkinVI", "GalerkinState",

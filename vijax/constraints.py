@@ -31,6 +31,7 @@ __all__ = [
     "multiplier",
     "hidden_constraint",
     "check_consistent",
+    "saddle_point_inverse",
     "InconsistentInitialData",
 ]
 
@@ -94,6 +95,49 @@ def project_momentum(system: HolonomicSystem, q: Vector, p: Vector,
     else:
         mu, _ = Newton().solve(residual, mu0)
     return p - G.T @ mu
+
+
+def saddle_point_inverse(system: HolonomicSystem, q: Vector, v: Vector, K, B, C, G_cols,
+                         G_rows):
+    """``(R, T) -> (X, Y)``: the solution of the saddle-point system
+
+        sum_b K_ab H X_b + sum_k B_ak G_k^T Y_k = R_a,     sum_b C_lb Gr_l X_b = T_l,
+
+    with ``H`` the velocity Hessian at ``(q, v)``, ``G_k = G_cols[k]`` and ``Gr_l = G_rows[l]``
+    constraint Jacobians (shape ``(m, n)`` each), ``K``, ``B``, ``C`` small coefficient matrices
+    (``K`` invertible, ``C K^-1 B`` square).  ``R`` has shape ``(len(K), n)``, ``T`` and ``Y``
+    ``(len(C), m)``.
+
+    It is the approximate Jacobian of the stage equations of the constrained methods
+    (multipliers as impulses ``h lam``, constraint rows ``g / h``): a velocity-Hessian block per
+    stage coupled by the tableau or quadrature weights, bordered by constraint Jacobians --
+    the structure of the Lobatto IIIA--IIIB and SHAKE/RATTLE equations (Hairer, Lubich &
+    Wanner (2006), §VII.1), exact up to terms of order ``h`` when ``H`` and the ``G`` are taken
+    at the predicted stage values.  The velocity block is eliminated (a Schur complement, our
+    construction): ``Y`` solves one dense ``(len(C) m)``-square system, whose matrix is formed
+    and inverted once per step, and ``X = K^-1 (R - B G^T Y) H^-1`` (``H`` symmetric).
+    """
+    dtype = q.dtype
+    as_j = lambda x: jnp.asarray(x, dtype)  # noqa: E731
+    k_inv = as_j(np.linalg.inv(K) if isinstance(K, np.ndarray) else _linalg.inv(K))
+    h_inv = system.inverse_velocity_hessian(q, v)
+    kb = _linalg.mm(k_inv, as_j(B))
+    ckb = _linalg.mm(as_j(C), kb)                                           # (z, z)
+    z, m, n = G_rows.shape
+    g_h = _linalg.mm(G_rows.reshape(z * m, n), h_inv).reshape(z, m, n)     # Gr_l H^-1
+    schur = ckb[:, None, :, None] * _linalg.mm(
+        g_h.reshape(z * m, n), G_cols.reshape(z * m, n).T).reshape(z, m, z, m)
+    solve_y = _linalg.factor(schur.reshape(z * m, z * m))
+
+    def apply(R, T):
+        u = _linalg.mm(k_inv, R)
+        cu = _linalg.mm(as_j(C), u)
+        rhs = sum(g_h[:, :, j] * cu[:, None, j] for j in range(n)) - T     # Gr_l H^-1 (C u)_l
+        Y = solve_y(rhs.reshape(-1)).reshape(z, m)
+        gty = sum(G_cols[:, a, :] * Y[:, a, None] for a in range(m))       # G_k^T Y_k
+        return _linalg.mm(u - _linalg.mm(kb, gty), h_inv.T), Y
+
+    return apply
 
 
 def multiplier(system: HolonomicSystem, q: Vector, v: Vector) -> Constraints:

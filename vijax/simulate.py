@@ -161,7 +161,15 @@ def _where_nonfinite(x) -> str:
 
 # -- static checks (shapes, dtypes, types, Python ints): raised at trace time under jit -------
 
+# (system type, integrator type) pairs that passed _check_compatible: the check reads only
+# types and class-level declarations, and through equinox's bound methods costs ~0.08 ms.
+_COMPATIBLE: set = set()
+
+
 def _check_compatible(system, integrator) -> None:
+    pair = (type(system), type(integrator))
+    if pair in _COMPATIBLE:
+        return
     if isinstance(system, AbstractIntegrator) or (
             isinstance(system, type) and issubclass(system, AbstractIntegrator)):
         raise TypeError(f"system must be a vijax.LagrangianSystem, got the integrator "
@@ -180,6 +188,7 @@ def _check_compatible(system, integrator) -> None:
         raise TypeError(f"system must be a vijax.{base.__name__} instance, got the class "
                         f"{system.__name__}; pass an instance, e.g. {system.__name__}().")
     integrator.check_system(system)
+    _COMPATIBLE.add(pair)
 
 
 def _name(x) -> str:
@@ -334,8 +343,7 @@ def _chunk(n_saves: int, record_bytes: int) -> int:
     return next(c for c in range(most, 0, -1) if n_saves % c == 0)
 
 
-@eqx.filter_jit
-def _run(system, integrator, q0, v0, t0, dt, n_saves: int, save_every: int, dense: bool):
+def _run_impl(system, integrator, q0, v0, t0, dt, n_saves: int, save_every: int, dense: bool):
     state0 = integrator.init(system, t0, q0, v0)
     zero = StepStats(iterations=jnp.asarray(0, jnp.int32),
                      max_iterations=jnp.asarray(0, jnp.int32),
@@ -394,7 +402,69 @@ def _run(system, integrator, q0, v0, t0, dt, n_saves: int, save_every: int, dens
                                        integrator.dense_knots(system, state0), knots)
         ts = t0 + dt * jnp.arange(n_saves * save_every + 1, dtype=q0.dtype)
         interp = DenseInterpolation.build(integrator.dense_layout(system), ts, values, knots)
-    return t, states, v, stats, interp
+    return Solution(t=t, q=states.q, v=v, p=states.p, stats=stats, states=states,
+                    n_steps=n_saves * save_every, interpolation=interp)
+
+
+_run = eqx.filter_jit(_run_impl)
+
+
+# Compiled runs for direct calls: one jax.jit per static configuration (the tree structure and
+# non-array parts of system and integrator, and the counts), called on the flat array leaves.
+# equinox.filter_jit splits its arguments into arrays and the rest on every call, which for
+# a system and an integrator costs about 0.2 ms; here that split is made once per checked
+# input (see _CHECKED) and a repeated call goes straight to jax.jit's dispatch.
+_JITS: dict = {}
+_JITS_SIZE = 64
+
+
+def _compiled(treedef, static, counts):
+    key = (treedef, static, counts)
+    fn = _JITS.pop(key, None)
+    if fn is None:
+        out_static = []
+
+        def run(*leaves):
+            args = eqx.combine(jax.tree_util.tree_unflatten(treedef, leaves), static)
+            out, rest = eqx.partition(_run_impl(*args, *counts), eqx.is_array)
+            out_static.append(rest)
+            return out
+
+        jitted = jax.jit(run)
+
+        def fn(*leaves):
+            out = jitted(*leaves)
+            rest = out_static[-1]
+            return eqx.combine(out, rest) if jax.tree_util.tree_leaves(rest) else out
+
+        if len(_JITS) >= _JITS_SIZE:
+            _JITS.pop(next(iter(_JITS)))
+    _JITS[key] = fn
+    return fn
+
+
+class _Checked:
+    """A checked input (what :func:`_check_values` returned) and, per ``(n_saves,
+    save_every, dense)``, its compiled run with the argument leaves it is called on."""
+
+    def __init__(self, values):
+        self.values = values
+        self.runs = {}
+
+    def runner(self, integrator, counts):
+        run = self.runs.get(counts)
+        if run is None:
+            system, q0, v0, dt, t0 = self.values
+            args = (system, integrator, q0, v0, t0, dt)
+            dyn, static = eqx.partition(args, eqx.is_array)
+            leaves, treedef = jax.tree_util.tree_flatten(dyn)
+            try:
+                fn = _compiled(treedef, static, counts)
+            except TypeError:  # a non-array part that cannot be hashed: no fast path
+                fn = None
+            run = self.runs[counts] = (
+                (lambda: _run(*args, *counts)) if fn is None else (lambda: fn(*leaves)))
+        return run
 
 
 def simulate(
@@ -453,19 +523,21 @@ def simulate(
     _warn_precision(q0=q0, v0=v0, p0=p0, dt=dt)
     counts = _static_checks(system, integrator, n_steps, save_every, dense)
     values = dict(q0=q0, v0=v0, p0=p0, dt=dt, t0=t0, project=project)
-    if _tracing() or any(_is_traced(x) for x in jax.tree_util.tree_leaves(
-            (system, integrator, q0, v0, p0, dt, t0))):
+    # one flattening serves the test for traced inputs and the cache key
+    leaves, treedef = jax.tree_util.tree_flatten((system, integrator, values))
+    if _tracing() or any(_is_traced(x) for x in leaves):
         return _finish(integrator, *_check_values(system, integrator, **values), *counts,
                        throw=throw)
-    key = _checked_key(system, integrator, values)
+    key = _checked_key(leaves, treedef)
     checked = None if key is None else _CHECKED.pop(key, None)
     if checked is None:
-        checked = _check_values(system, integrator, **values)
+        checked = _Checked(_check_values(system, integrator, **values))
         if key is not None and len(_CHECKED) >= _CHECKED_SIZE:
             _CHECKED.pop(next(iter(_CHECKED)))  # the least recently used
     if key is not None:
         _CHECKED[key] = checked  # (re)inserted last: most recently used
-    return _finish(integrator, *checked, *counts, throw=throw)
+    return _finish(integrator, *checked.values, *counts, throw=throw,
+                   run=checked.runner(integrator, (counts[0] // counts[1],) + counts[1:]))
 
 
 # Inputs whose value checks passed, with what the checks returned (the system with array
@@ -481,11 +553,11 @@ def _leaf_key(x):
     return (x.shape, x.dtype.str, x.tobytes())
 
 
-def _checked_key(system, integrator, values):
-    """A hashable key of everything the value checks read, or ``None`` (not cached)."""
+def _checked_key(leaves, treedef):
+    """A hashable key of everything the value checks read (the leaves of system, integrator
+    -- its check_initial may read its configuration -- and the values), or ``None`` (not
+    cached)."""
     try:
-        # the integrator too: its check_initial may read its configuration
-        leaves, treedef = jax.tree_util.tree_flatten((system, integrator, values))
         key = (treedef, tuple(_leaf_key(x) for x in leaves))
         hash(key)
         return key
@@ -592,14 +664,16 @@ def _check_values(system, integrator, *, q0, v0, p0, dt, t0, project):
     return system, q0, v0, dt, t0
 
 
-def _finish(integrator, system, q0, v0, dt, t0, n_steps, save_every, dense, *, throw):
-    """The compiled run on checked inputs, and its convergence check."""
-    t, states, v, stats, interp = _run(system, integrator, q0, v0, t0, dt,
-                                       n_steps // save_every, save_every, dense)
-    sol = Solution(t=t, q=states.q, v=v, p=states.p, stats=stats, states=states,
-                   n_steps=n_steps, interpolation=interp)
+def _finish(integrator, system, q0, v0, dt, t0, n_steps, save_every, dense, *, throw,
+            run=None):
+    """The compiled run on checked inputs (``run()``, when given, is it), and its
+    convergence check."""
+    if run is None:
+        run = lambda: _run(system, integrator, q0, v0, t0, dt,  # noqa: E731
+                           n_steps // save_every, save_every, dense)
+    sol = run()
     if throw:
-        ok = stats.converged
+        ok = sol.stats.converged
         if _is_traced(ok):
             sol = _refuse(
                 sol, ~jnp.all(ok),

@@ -11,7 +11,7 @@ two quadratures (eqs. (13), (18)-(20)):
 
 ``(b, c)`` Gauss or Lobatto of order ``ordL`` for ``L`` and ``(e, f)`` Lobatto (``ordZ = 2w``,
 stiffly accurate) or Gauss (``ordZ = 2w - 2``, not stiffly accurate) for the constraint.
-Stationarity gives the discrete Euler--Lagrange equations (22); one step solves, by Newton,
+Stationarity gives the discrete Euler--Lagrange equations (22); one step solves
 
     R0 = pi_k + D_1 Lbar_d - (sigma - 1) h e_1 G(q_k^0)^T lam_k^0      (momentum matching)
     R_nu = D_{nu+1} Lbar_d,  nu = 1..s-1                                  (interior points)
@@ -48,6 +48,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from ... import constraints as cons
+from ..._linalg import mm
 from ..._typing import DenseLayout, ScalarLike, Stages, Vector
 from ...quadrature import (
     gauss_quadrature,
@@ -55,7 +56,7 @@ from ...quadrature import (
     lagrange_extrapolation_matrix,
     lobatto_quadrature,
 )
-from ...solvers import AbstractRootSolver, Newton, SolverStats
+from ...solvers import AbstractRootSolver, FixedPoint, SolverStats
 from ...systems import HolonomicSystem, LagrangianSystem
 from .._base import AbstractDenseIntegrator, AbstractIntegrator, AbstractState
 
@@ -136,7 +137,9 @@ class GalerkinVI(AbstractDenseIntegrator):
         polynomials; the constraints are imposed at the multiplier nodes); only conditioning
         does.
     solver:
-        Root solver for the step equations (default :class:`~vijax.solvers.Newton`).
+        Root solver for the step equations (default :class:`~vijax.solvers.FixedPoint` with
+        ``kappa=0.1``, preconditioned by the approximate inverse Jacobian of
+        :meth:`_precond`; use :class:`~vijax.solvers.Newton` for stiff problems).
 
     Presets: :meth:`gauss` and :meth:`lobatto` (``s = w``, order ``2s``), :meth:`rattle`,
     :meth:`shake`, :meth:`lobatto_iiia_iiib` (``w = s - 1``, ``r = s``, order ``2s - 2``).
@@ -221,7 +224,7 @@ class GalerkinVI(AbstractDenseIntegrator):
         self.s, self.w, self.quadrature, self.ordL = s, w, quadrature, int(ordL)
         self.constraint_quadrature, self.mode = constraint_quadrature, mode
         self.control_points = control_points
-        self.solver = Newton() if solver is None else solver
+        self.solver = FixedPoint(kappa=0.1) if solver is None else solver
 
     # -- presets ----------------------------------------------------------------------------
     @classmethod
@@ -335,11 +338,11 @@ class GalerkinVI(AbstractDenseIntegrator):
         multipliers ``lam`` (shape ``(z, m)``).  Its gradient in ``Z`` is
         ``(D_1 .. D_{s+1}) Lbar_d``."""
         k = self._consts(q0.dtype)
-        Q = q0[None, :] + h * (k["lc"] @ Z)
-        V = k["dc"] @ Z
-        val = k["b"] @ jax.vmap(system.lagrangian)(Q, V)
+        Q = q0[None, :] + h * mm(k["lc"], Z)
+        V = mm(k["dc"], Z)
+        val = mm(k["b"], jax.vmap(system.lagrangian)(Q, V))
         if isinstance(system, HolonomicSystem):
-            gq = jax.vmap(system.holonomic)(q0[None, :] + h * (k["lf"] @ Z))
+            gq = jax.vmap(system.holonomic)(q0[None, :] + h * mm(k["lf"], Z))
             val = val - jnp.sum(k["e"][:, None] * gq * lam)
         return val
 
@@ -383,8 +386,40 @@ class GalerkinVI(AbstractDenseIntegrator):
                 f_rows = k["lf"][1:]
             else:
                 f_rows = k["lf"]
-            rows.append(jax.vmap(system.holonomic)(q0[None, :] + h * (f_rows @ Z)) / h)
+            rows.append(jax.vmap(system.holonomic)(q0[None, :] + h * mm(f_rows, Z)) / h)
         return rows, grad[self.s]
+
+    def _precond(self, system, state, h, X0):
+        """Approximate inverse Jacobian of :meth:`_equations` at the predictor ``X0``.
+
+        Rows ``r_nu`` against ``Z_mu``: ``K = sum_i b_i dc_i,nu dc_i,mu`` times the velocity
+        Hessian at the step start (``nu < s``, ``mu >= 1``); against ``mu_i`` (``lam_i h``):
+        ``B = -e_i lf_i,nu`` times ``G_i^T`` (plus ``-e_1`` for the shared node multiplier of
+        paper mode); constraint rows ``g(q_d(f_l h)) / h`` against ``Z_mu``: ``C = lf_l,mu``
+        times ``G_l``.  The ``G`` are taken at the predicted constraint nodes; the O(h) force
+        and curvature terms are dropped (:func:`vijax.constraints.saddle_point_inverse`)."""
+        rules = self._rules()
+        s, dtype = self.s, state.q.dtype
+        dc, b, e, lf = rules["dc"], rules["b"], rules["e"], rules["lf"]
+        K = (dc.T * b) @ dc
+        K = K[:s, 1:]
+        if not isinstance(system, HolonomicSystem):
+            k_inv = jnp.asarray(np.linalg.inv(K), dtype)
+            h_inv = system.inverse_velocity_hessian(state.q, state.v)
+            return lambda r: (mm(mm(k_inv, jnp.concatenate([r[0][None], r[1]])), h_inv.T),
+                              jnp.zeros_like(X0[1]))
+        z = self._n_mults()
+        B = -(lf[:z, :s] * e[:z, None]).T
+        if self._shares_node_multiplier(system):
+            B = jnp.asarray(B, dtype).at[0, 0].add(-(1.0 - state.first) * e[0])
+        c_rows = lf[1:] if self._lobatto_g else lf
+        Zs0 = X0[0]
+        Z0 = jnp.concatenate([jnp.zeros_like(Zs0[:1]), Zs0])
+        G = jax.vmap(lambda x: cons.constraint_jacobian(system, x))(
+            state.q[None, :] + h * mm(jnp.asarray(lf, dtype), Z0))
+        apply = cons.saddle_point_inverse(system, state.q, state.v, K, B, c_rows[:, 1:],
+                                          G[:z], G[1:] if self._lobatto_g else G)
+        return lambda r: apply(jnp.concatenate([r[0][None], r[1]]), r[2])
 
     # -- the integrator contract ------------------------------------------------------------------
     def check_initial(self, system: LagrangianSystem, q0: Vector, v0: Vector, tol: float
@@ -414,13 +449,14 @@ class GalerkinVI(AbstractDenseIntegrator):
         k = self._consts(dtype)
         # Predictor: the previous step's polynomial extrapolated.
         Zprev = state.controls
-        Z0 = k["extrap"] @ Zprev - Zprev[-1][None, :]
+        Z0 = mm(k["extrap"], Zprev) - Zprev[-1][None, :]
         X0 = (Z0[1:], h * state.mults)
         G0 = (cons.constraint_jacobian(system, state.q)
               if self._shares_node_multiplier(system) else None)
         # pi_{k+1} from the last residual evaluation: no evaluation after the solve.
         X, pi1, stats = self.solver.solve(lambda X: self._equations(system, state, h, X, G0),
-                                          X0, has_aux=True)
+                                          X0, self._precond(system, state, h, X0),
+                                          has_aux=True)
         Zs, mu = X
         q1 = state.q + h * Zs[-1]
         v_guess = k["d1"] @ jnp.concatenate([jnp.zeros_like(Zs[:1]), Zs])
