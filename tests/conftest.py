@@ -21,10 +21,25 @@ floating point without fast-math).  The VPRK order and energy modules
 keep the optimised programs users run.
 """
 
+import os
+import tempfile
+
 import jax
 import pytest
 
 jax.config.update("jax_enable_x64", True)
+
+# Persistent compilation cache: the suite compiles some programs more than once (the same
+# preset and problem in several tests, in both pytest-xdist workers); measured on
+# tests/test_holonomic.py, a cold cache already saves 10 % of the run.  Keys include the
+# program and the compile options, so a cached executable is the one XLA would build.
+# Override the folder with VIJAX_TEST_JAX_CACHE ("" turns the cache off).
+_CACHE = os.environ.get("VIJAX_TEST_JAX_CACHE",
+                        os.path.join(tempfile.gettempdir(), f"vijax-test-jax-cache-{os.getuid()}"))
+if _CACHE:
+    jax.config.update("jax_compilation_cache_dir", _CACHE)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
 

@@ -176,15 +176,23 @@ class Case:
 def _assert_same_solution(a, b, what):
     """Two runs of one program under different transformations (jit, vmap): ``t, q, v, p``
     to 1e-12; the solver statistics identical (the residual, a round-off-level number, to
-    1e-8); the states' internal fields (stage values, multipliers) to 1e-10: the stage
-    multipliers of the high-order constrained schemes amplify round-off (measured up to 7e-12
-    on GalerkinVI.gauss(4), where q and p agree to 2e-16)."""
+    1e-8), except the iteration counts, which may differ by 2 + 25 %: a fixed-point solve stops at
+    the round-off floor once its increments stop shrinking, and when that happens depends on
+    round-off, which differs between compiled programs (seen with JAX 0.11 on the
+    constrained methods' default solver: 10 against 8, 18 against 14 updates in a block, identical
+    trajectories); the states' internal fields (stage values, multipliers) to 1e-10: the
+    stage multipliers of the high-order constrained schemes amplify round-off (measured up to
+    7e-12 on GalerkinVI.gauss(4), where q and p agree to 2e-16)."""
     assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b), what
     for (path, la), lb in zip(jax.tree_util.tree_leaves_with_path(a),
                               jax.tree_util.tree_leaves(b)):
         name = jax.tree_util.keystr(path)
         la, lb = np.asarray(la), np.asarray(lb)
         assert la.dtype == lb.dtype and la.shape == lb.shape, (what, name)
+        if name in (".stats.iterations", ".stats.max_iterations"):
+            diff = np.abs(la.astype(int) - lb.astype(int))
+            assert np.all(diff <= 2 + 0.25 * np.abs(lb)), (what, name, la, lb)
+            continue
         if not np.issubdtype(la.dtype, np.floating):
             np.testing.assert_array_equal(la, lb, err_msg=f"{what}: {name}")
             continue

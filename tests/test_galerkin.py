@@ -210,6 +210,7 @@ def test_rattle_shake_and_lobatto_iiia_iiib_agree_with_constrained_vprk(k=5.0):
     np.testing.assert_allclose(b.p, a.p, atol=1e-12)
 
 
+@pytest.mark.slow  # compile-bound (12 s); the contract test runs every preset
 def test_control_points_and_modes_do_not_change_the_solution():
     """Equidistant vs Lobatto control points, and projected vs paper mode, give the same q_k
     and P p_k (our observation; the spring makes the check non-trivial)."""
@@ -391,8 +392,9 @@ def _flow(integ, system, h):
     return flow
 
 
-@pytest.mark.parametrize("integ", [vj.GalerkinVI.gauss(2),
-                                   vj.GalerkinVI(3, 2, quadrature="lobatto", ordL=4),
+@pytest.mark.parametrize("integ", [pytest.param(vj.GalerkinVI.gauss(2), marks=pytest.mark.slow),
+                                   pytest.param(vj.GalerkinVI(3, 2, quadrature="lobatto",
+                                                                ordL=4), marks=pytest.mark.slow),
                                    vj.HolonomicVPRK.rattle(),
                                    pytest.param(vj.GalerkinVI.gauss(3), marks=pytest.mark.slow),
                                    pytest.param(vj.HolonomicVPRK.lobatto(4),
@@ -458,7 +460,8 @@ def test_symplectic_on_the_constraint_manifold(integ):
 # --------------------------------------------------------------------------------------------
 # Gradients
 # --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("integ", [vj.GalerkinVI(2, 2, mode="paper"),
+@pytest.mark.parametrize("integ", [pytest.param(vj.GalerkinVI(2, 2, mode="paper"),
+                                                marks=pytest.mark.slow),
                                    vj.GalerkinVI.lobatto_iiia_iiib(3),
                                    pytest.param(vj.GalerkinVI.gauss(2), marks=_CONTRACT),
                                    pytest.param(vj.GalerkinVI.shake(), marks=_CONTRACT)],

@@ -249,9 +249,12 @@ def test_saddle_point_inverse_solves_the_bordered_system():
                                atol=1e-12)
 
 
-@pytest.mark.parametrize("make", [vj.HolonomicVPRK.rattle, lambda: vj.HolonomicVPRK.lobatto(4),
+@pytest.mark.parametrize("make", [vj.HolonomicVPRK.rattle,
+                                  pytest.param(lambda: vj.HolonomicVPRK.lobatto(4),
+                                               marks=pytest.mark.slow),
                                   lambda: vj.GalerkinVI.gauss(3),
-                                  lambda: vj.GalerkinVI.gauss(2, mode="paper")],
+                                  pytest.param(lambda: vj.GalerkinVI.gauss(2, mode="paper"),
+                                               marks=pytest.mark.slow)],
                          ids=["rattle", "lobatto4", "galerkin_gauss3", "galerkin_paper"])
 def test_default_solver_agrees_with_newton(make):
     """The default (fixed point with the saddle-point preconditioner) and full Newton find the

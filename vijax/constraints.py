@@ -18,7 +18,7 @@ from jaxtyping import Array, Float
 from . import _linalg
 from ._checks import is_traced, refuse
 from ._typing import Constraints, Vector, VectorLike
-from .solvers import Newton
+from .solvers import FixedPoint, Newton
 
 if TYPE_CHECKING:  # the systems build on this module
     from .systems import HolonomicSystem
@@ -95,6 +95,17 @@ def project_momentum(system: HolonomicSystem, q: Vector, p: Vector,
     else:
         mu, _ = Newton().solve(residual, mu0)
     return p - G.T @ mu
+
+
+def default_solver() -> FixedPoint:
+    """The stage solver of :class:`vijax.HolonomicVPRK` and :class:`vijax.GalerkinVI` unless
+    one is given: a fixed point preconditioned by :func:`saddle_point_inverse`, stopping at a
+    tenth of the tolerance (``kappa=0.1``: after a fast transient the observed contraction
+    rate underestimates the slowest mode's).  On a CPU it starts with no straight-line
+    updates (``min_steps=0``): measured on the Cartesian pendulum, as fast per step as 1 or 2
+    and 0.5--0.7 s less compile time for ``GalerkinVI.gauss(3)`` and ``gauss(4)``; elsewhere
+    the solver's backend default."""
+    return FixedPoint(kappa=0.1, min_steps=0 if jax.default_backend() == "cpu" else None)
 
 
 def saddle_point_inverse(system: HolonomicSystem, q: Vector, v: Vector, K, B, C, G_cols,

@@ -415,7 +415,7 @@ _run = eqx.filter_jit(_run_impl)
 # a system and an integrator costs about 0.2 ms; here that split is made once per checked
 # input (see _CHECKED) and a repeated call goes straight to jax.jit's dispatch.
 _JITS: dict = {}
-_JITS_SIZE = 64
+_JITS_SIZE = 4096  # like jax.jit's own cache: a suite or a sweep reuses configurations
 
 
 def _compiled(treedef, static, counts):
@@ -460,7 +460,7 @@ class _Checked:
             leaves, treedef = jax.tree_util.tree_flatten(dyn)
             try:
                 fn = _compiled(treedef, static, counts)
-            except TypeError:  # a non-array part that cannot be hashed: no fast path
+            except (TypeError, ValueError):  # a non-array part that cannot be hashed: no fast path
                 fn = None
             run = self.runs[counts] = (
                 (lambda: _run(*args, *counts)) if fn is None else (lambda: fn(*leaves)))

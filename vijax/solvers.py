@@ -200,7 +200,8 @@ class AbstractRootSolver(eqx.Module):
     kappa:
         Converged when the estimated remaining error is below ``kappa`` times the tolerance
         (Hairer & Wanner (1996), §IV.8, who take ``kappa`` between 1e-2 and 1e-1).  ``1``
-        by default; the constrained methods use ``FixedPoint(kappa=0.1)``: after a fast
+        by default; the constrained methods use ``kappa=0.1``
+        (:func:`vijax.constraints.default_solver`): after a fast
         transient their observed rate underestimates the slowest mode's.
     """
 

@@ -29,7 +29,7 @@ from .. import tableaus as tb
 from .._linalg import mm
 from .._typing import ScalarLike, Vector
 from ..quadrature import lagrange_extrapolation_matrix
-from ..solvers import AbstractRootSolver, FixedPoint, SolverStats
+from ..solvers import AbstractRootSolver, SolverStats
 from ..systems import HolonomicSystem, LagrangianSystem
 from ._base import AbstractIntegrator, AbstractState
 from .vprk import VPRK, AbstractPRK, stage_values
@@ -75,8 +75,8 @@ class HolonomicVPRK(AbstractPRK):
 
     Presets: :meth:`lobatto` (order ``2s - 2``), :meth:`rattle` (``s = 2``).  The stage
     system (velocities, multipliers and the node velocity) is solved by default by
-    ``FixedPoint(kappa=0.1)`` preconditioned with its saddle-point structure
-    (:meth:`_precond`); pass ``solver=Newton()`` for stiff problems.
+    :func:`vijax.constraints.default_solver`, a fixed point preconditioned with its
+    saddle-point structure (:meth:`_precond`); pass ``solver=Newton()`` for stiff problems.
     """
 
     tableau: tb.PartitionedTableau
@@ -90,7 +90,7 @@ class HolonomicVPRK(AbstractPRK):
         pair = VPRK(tableau).tableau
         _check_hypotheses(pair)
         self.tableau = pair
-        self.solver = FixedPoint(kappa=0.1) if solver is None else solver
+        self.solver = cons.default_solver() if solver is None else solver
 
     @classmethod
     def lobatto(cls, s: int, **kwargs) -> "HolonomicVPRK":

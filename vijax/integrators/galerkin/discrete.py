@@ -56,7 +56,7 @@ from ...quadrature import (
     lagrange_extrapolation_matrix,
     lobatto_quadrature,
 )
-from ...solvers import AbstractRootSolver, FixedPoint, SolverStats
+from ...solvers import AbstractRootSolver, SolverStats
 from ...systems import HolonomicSystem, LagrangianSystem
 from .._base import AbstractDenseIntegrator, AbstractIntegrator, AbstractState
 
@@ -137,9 +137,10 @@ class GalerkinVI(AbstractDenseIntegrator):
         polynomials; the constraints are imposed at the multiplier nodes); only conditioning
         does.
     solver:
-        Root solver for the step equations (default :class:`~vijax.solvers.FixedPoint` with
-        ``kappa=0.1``, preconditioned by the approximate inverse Jacobian of
-        :meth:`_precond`; use :class:`~vijax.solvers.Newton` for stiff problems).
+        Root solver for the step equations (default
+        :func:`vijax.constraints.default_solver`, a fixed point preconditioned by the
+        approximate inverse Jacobian of :meth:`_precond`; use :class:`~vijax.solvers.Newton`
+        for stiff problems).
 
     Presets: :meth:`gauss` and :meth:`lobatto` (``s = w``, order ``2s``), :meth:`rattle`,
     :meth:`shake`, :meth:`lobatto_iiia_iiib` (``w = s - 1``, ``r = s``, order ``2s - 2``).
@@ -224,7 +225,7 @@ class GalerkinVI(AbstractDenseIntegrator):
         self.s, self.w, self.quadrature, self.ordL = s, w, quadrature, int(ordL)
         self.constraint_quadrature, self.mode = constraint_quadrature, mode
         self.control_points = control_points
-        self.solver = FixedPoint(kappa=0.1) if solver is None else solver
+        self.solver = cons.default_solver() if solver is None else solver
 
     # -- presets ----------------------------------------------------------------------------
     @classmethod
