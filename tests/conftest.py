@@ -37,9 +37,12 @@ jax.config.update("jax_enable_x64", True)
 _CACHE = os.environ.get("VIJAX_TEST_JAX_CACHE",
                         os.path.join(tempfile.gettempdir(), f"vijax-test-jax-cache-{os.getuid()}"))
 if _CACHE:
-    jax.config.update("jax_compilation_cache_dir", _CACHE)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    try:
+        jax.config.update("jax_compilation_cache_dir", _CACHE)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    except AttributeError:  # a JAX without these options: run without the cache
+        pass
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
