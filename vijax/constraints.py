@@ -8,7 +8,7 @@ pendulum hanging at rest ``lam`` is the (positive) tension divided by the length
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, ClassVar, Optional
 
 import jax
 import jax.numpy as jnp
@@ -97,15 +97,22 @@ def project_momentum(system: HolonomicSystem, q: Vector, p: Vector,
     return p - G.T @ mu
 
 
+class _ConstrainedFixedPoint(FixedPoint):
+    """:class:`~vijax.solvers.FixedPoint` with the straight-line start measured for the
+    constrained stage equations: none on a CPU (on the Cartesian pendulum as fast per step as 1
+    or 2 updates, and 0.5--0.7 s less compile time for ``GalerkinVI.gauss(3)`` and
+    ``gauss(4)``); on a GPU the fixed point's default."""
+
+    _default_min_steps: ClassVar[dict] = {"cpu": 0, "gpu": FixedPoint._default_min_steps["gpu"]}
+
+
 def default_solver() -> FixedPoint:
     """The stage solver of :class:`vijax.HolonomicVPRK` and :class:`vijax.GalerkinVI` unless
     one is given: a fixed point preconditioned by :func:`saddle_point_inverse`, stopping at a
     tenth of the tolerance (``kappa=0.1``: after a fast transient the observed contraction
-    rate underestimates the slowest mode's).  On a CPU it starts with no straight-line
-    updates (``min_steps=0``): measured on the Cartesian pendulum, as fast per step as 1 or 2
-    and 0.5--0.7 s less compile time for ``GalerkinVI.gauss(3)`` and ``gauss(4)``; elsewhere
-    the solver's backend default."""
-    return FixedPoint(kappa=0.1, min_steps=0 if jax.default_backend() == "cpu" else None)
+    rate underestimates the slowest mode's), its straight-line start chosen per backend when
+    the step is compiled."""
+    return _ConstrainedFixedPoint(kappa=0.1)
 
 
 def saddle_point_inverse(system: HolonomicSystem, q: Vector, v: Vector, K, B, C, G_cols,

@@ -422,20 +422,20 @@ def _compiled(treedef, static, counts):
     key = (treedef, static, counts)
     fn = _JITS.pop(key, None)
     if fn is None:
-        out_static = []
+        # the non-array part of the output, recorded when tracing (None: arrays only)
+        out_static = [None]
 
         def run(*leaves):
             args = eqx.combine(jax.tree_util.tree_unflatten(treedef, leaves), static)
             out, rest = eqx.partition(_run_impl(*args, *counts), eqx.is_array)
-            out_static.append(rest)
+            out_static[0] = rest if jax.tree_util.tree_leaves(rest) else None
             return out
 
         jitted = jax.jit(run)
 
         def fn(*leaves):
             out = jitted(*leaves)
-            rest = out_static[-1]
-            return eqx.combine(out, rest) if jax.tree_util.tree_leaves(rest) else out
+            return out if out_static[0] is None else eqx.combine(out, out_static[0])
 
         if len(_JITS) >= _JITS_SIZE:
             _JITS.pop(next(iter(_JITS)))
