@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -29,3 +31,27 @@ def test_minimal_method_family_of_the_concepts_page_runs():
     # the mismatch message names the methods that accept the double pendulum, not this one
     assert "does not accept DoublePendulum" in out.stdout
     assert "VPRK" in out.stdout and "SymplecticEuler" not in out.stdout.split("accept it:")[1]
+
+
+def test_forcing_page_example_runs():
+    """The quick start of docs/forcing.md: a controlled, damped pendulum and the gradient of a
+    loss with respect to its per-stage controls."""
+    blocks = python_blocks((ROOT / "docs" / "forcing.md").read_text(), "# Forces and controls")
+    assert len(blocks) == 1
+    code = blocks[0] + (
+        "\nimport numpy as np\n"
+        "assert sol.q.shape == (101, 1) and U.shape == (100, 2, 1)\n"
+        "assert np.all(np.isfinite(dU)) and float(np.max(np.abs(dU))) > 0\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.slow
+def test_readme_quick_start_runs():
+    """The README's quick start, as a user pastes it (a fresh process; 26 s, hence slow)."""
+    blocks = python_blocks((ROOT / "README.md").read_text(), "## Quick start")
+    assert len(blocks) == 1
+    out = subprocess.run([sys.executable, "-c", blocks[0] + "\nassert ens.q.shape == (1024, 2, 1)\n"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr

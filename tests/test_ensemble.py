@@ -43,6 +43,27 @@ def test_momenta_as_initial_data():
     np.testing.assert_allclose(sol.q, ensemble().q, rtol=1e-12, atol=1e-12)
 
 
+class ControlledKepler(vj.ForcedSystem, S.Kepler):
+    """Kepler with a tangential thrust ``u`` and a little drag."""
+
+    control_dim = 1
+
+    def force(self, t, q, v, u):
+        return u[0] * v / jnp.linalg.norm(v) - 0.01 * v
+
+
+def test_controls_are_shared_by_the_members():
+    system = ControlledKepler()
+    thrust = lambda t: 0.1 * jnp.sin(t)[None]  # noqa: E731
+    sol = vj.simulate_ensemble(system, GAUSS2, q0=Q0[:2], v0=V0[:2], dt=0.05, n_steps=20,
+                               save_every=5, controls=thrust)
+    for i in range(2):
+        single = vj.simulate(system, GAUSS2, q0=Q0[i], v0=V0[i], dt=0.05, n_steps=20,
+                             save_every=5, controls=thrust)
+        np.testing.assert_allclose(sol.q[i], single.q, rtol=1e-13, atol=1e-13)
+    assert np.max(np.abs(sol.q[0] - ensemble().q[0])) > 1e-4  # the thrust acts
+
+
 def test_a_failed_member_is_reported_or_raises():
     # a member starting almost at the centre of attraction: its first steps cannot converge
     q0 = Q0.at[2].set(jnp.array([1e-4, 0.0]))

@@ -201,7 +201,10 @@ class RK4(vj.AbstractIntegrator):
     def init(self, system, t0, q0, v0):
         return RK4State(t=jnp.asarray(t0, q0.dtype), q=q0, p=system.momentum(q0, v0))
 
-    def step(self, system, state, h):
+    def force_nodes(self):
+        return np.array([0.0, 0.5, 0.5, 1.0])  # (takes no vijax.ForcedSystem)
+
+    def step(self, system, state, h, u=None):
         def f(z):
             q, p = jnp.split(z, 2)
             dh_dq, dh_dp = jax.grad(system.hamiltonian, argnums=(0, 1))(q, p)

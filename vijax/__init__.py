@@ -20,13 +20,13 @@ from .interpolation import DenseOutput
 from .simulate import PrecisionWarning, Solution, StepStats, simulate
 from .ensemble import simulate_ensemble
 from .solvers import ConvergenceError
-from .systems import HolonomicSystem, LagrangianSystem, MechanicalSystem
+from .systems import ForcedSystem, HolonomicSystem, LagrangianSystem, MechanicalSystem
 
 __version__ = "0.1.0"
 
 __all__ = [
     "simulate", "simulate_ensemble", "Solution", "StepStats", "DenseOutput", "PrecisionWarning",
-    "LagrangianSystem", "MechanicalSystem", "HolonomicSystem",
+    "LagrangianSystem", "MechanicalSystem", "HolonomicSystem", "ForcedSystem",
     "AbstractIntegrator", "AbstractDenseIntegrator", "AbstractState", "IncompatibleSystemError",
     "VPRK", "VPRKState", "HolonomicVPRK", "HolonomicState", "GalerkinVI", "GalerkinState",
     "DGVI", "CGVI", "ConvergenceError",

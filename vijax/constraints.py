@@ -8,7 +8,7 @@ pendulum hanging at rest ``lam`` is the (positive) tension divided by the length
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Optional
+from typing import TYPE_CHECKING, Optional
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +18,7 @@ from jaxtyping import Array, Float
 from . import _linalg
 from ._checks import is_traced, refuse
 from ._typing import Constraints, Vector, VectorLike
-from .solvers import FixedPoint, Newton
+from .solvers import AbstractFixedPoint, FixedPoint, Newton
 
 if TYPE_CHECKING:  # the systems build on this module
     from .systems import HolonomicSystem
@@ -97,16 +97,17 @@ def project_momentum(system: HolonomicSystem, q: Vector, p: Vector,
     return p - G.T @ mu
 
 
-class _ConstrainedFixedPoint(FixedPoint):
+class _ConstrainedFixedPoint(AbstractFixedPoint):
     """:class:`~vijax.solvers.FixedPoint` with the straight-line start measured for the
     constrained stage equations: none on a CPU (on the Cartesian pendulum as fast per step as 1
     or 2 updates, and 0.5--0.7 s less compile time for ``GalerkinVI.gauss(3)`` and
     ``gauss(4)``); on a GPU the fixed point's default."""
 
-    _default_min_steps: ClassVar[dict] = {"cpu": 0, "gpu": FixedPoint._default_min_steps["gpu"]}
+    def _default_min_steps(self) -> dict:
+        return {"cpu": 0, "gpu": FixedPoint()._default_min_steps()["gpu"]}
 
 
-def default_solver() -> FixedPoint:
+def default_solver() -> AbstractFixedPoint:
     """The stage solver of :class:`vijax.HolonomicVPRK` and :class:`vijax.GalerkinVI` unless
     one is given: a fixed point preconditioned by :func:`saddle_point_inverse`, stopping at a
     tenth of the tolerance (``kappa=0.1``: after a fast transient the observed contraction

@@ -39,6 +39,7 @@ def simulate_ensemble(
     t0: ScalarLike = 0.0,
     throw: bool = True,
     project: bool = False,
+    controls=None,
 ) -> Solution:
     """:func:`vijax.simulate` for every row of ``q0`` (shape ``(members, n)``) with the rows
     of ``v0`` or ``p0``; returns one :class:`~vijax.Solution` whose arrays have a leading
@@ -54,7 +55,10 @@ def simulate_ensemble(
     ``n_steps``, ``save_every``, ``batch_size``); ``dt``, ``t0``, the initial states and
     array-valued system parameters are traced, so new values reuse the compilation.  With
     ``throw=True`` a stage solve that fails in any member raises (a runtime error of the
-    compiled call); with ``throw=False`` each member's ``sol.stats`` records it.  For an
+    compiled call); with ``throw=False`` each member's ``sol.stats`` records it.
+    ``controls`` (a :class:`vijax.ForcedSystem` with controls) are shared by every member, in
+    any form :func:`vijax.simulate` takes; for controls that differ per member, ``jax.vmap``
+    :func:`vijax.simulate` over them.  For an
     ensemble over system parameters, ``jax.vmap`` :func:`vijax.simulate` over the system
     directly.
     """
@@ -64,8 +68,9 @@ def simulate_ensemble(
     x0 = v0 if p0 is None else p0
     name = "v0" if p0 is None else "p0"
     q0, x0 = jnp.asarray(q0), jnp.asarray(x0)
-    if q0.ndim != 2 or q0.shape[1] != system.ndim:
-        raise ValueError(f"q0 must have shape (members, {system.ndim}) for "
+    if q0.ndim != 2 or (system.ndim is not None and q0.shape[1] != system.ndim):
+        n = "n" if system.ndim is None else system.ndim
+        raise ValueError(f"q0 must have shape (members, {n}) for "
                          f"{type(system).__name__}, got {q0.shape}; for one trajectory call "
                          f"vijax.simulate.")
     if x0.shape != q0.shape:
@@ -75,16 +80,17 @@ def simulate_ensemble(
                          f"{batch_size!r}.")
     dtype = q0.dtype
     return _run(system, integrator, q0, x0, jnp.asarray(dt, dtype), jnp.asarray(t0, dtype),
-                name, n_steps, save_every, batch_size, throw, project)
+                name, n_steps, save_every, batch_size, throw, project, controls)
 
 
 @eqx.filter_jit
 def _run(system, integrator, q0, x0, dt, t0, name, n_steps, save_every, batch_size, throw,
-         project):
+         project, controls):
     def one(qx):
         q, x = qx
         return simulate(system, integrator, q0=q, dt=dt, t0=t0, n_steps=n_steps,
-                        save_every=save_every, throw=throw, project=project, **{name: x})
+                        save_every=save_every, throw=throw, project=project,
+                        controls=controls, **{name: x})
 
     if batch_size is None or batch_size >= q0.shape[0]:
         return jax.vmap(one)((q0, x0))

@@ -19,7 +19,7 @@ from ._typing import ScalarLike, Times, VectorLike
 from .integrators._base import AbstractDenseIntegrator, AbstractIntegrator
 from .interpolation import DenseInterpolation, DenseOutput
 from .solvers import ConvergenceError
-from .systems import LagrangianSystem
+from .systems import ForcedSystem, LagrangianSystem
 
 __all__ = ["simulate", "Solution", "StepStats", "PrecisionWarning"]
 
@@ -343,7 +343,8 @@ def _chunk(n_saves: int, record_bytes: int) -> int:
     return next(c for c in range(most, 0, -1) if n_saves % c == 0)
 
 
-def _run_impl(system, integrator, q0, v0, t0, dt, n_saves: int, save_every: int, dense: bool):
+def _run_impl(system, integrator, q0, v0, t0, dt, U, n_saves: int, save_every: int,
+              dense: bool):
     state0 = integrator.init(system, t0, q0, v0)
     zero = StepStats(iterations=jnp.asarray(0, jnp.int32),
                      max_iterations=jnp.asarray(0, jnp.int32),
@@ -354,7 +355,10 @@ def _run_impl(system, integrator, q0, v0, t0, dt, n_saves: int, save_every: int,
     # is saved.
     def one_step(k, state, agg):
         prev = state
-        state, st = integrator.step(system, state, dt)
+        if U is None:
+            state, st = integrator.step(system, state, dt)
+        else:
+            state, st = integrator.step(system, state, dt, U[k])
         # dense output: the step's polynomials at their nodes and the new node values
         rec = ((integrator.dense_interval(system, prev, state, dt),
                 integrator.dense_knots(system, state)) if dense else None)
@@ -454,8 +458,8 @@ class _Checked:
     def runner(self, integrator, counts):
         run = self.runs.get(counts)
         if run is None:
-            system, q0, v0, dt, t0 = self.values
-            args = (system, integrator, q0, v0, t0, dt)
+            system, q0, v0, dt, t0, U = self.values
+            args = (system, integrator, q0, v0, t0, dt, U)
             dyn, static = eqx.partition(args, eqx.is_array)
             leaves, treedef = jax.tree_util.tree_flatten(dyn)
             try:
@@ -481,8 +485,16 @@ def simulate(
     t0: ScalarLike = 0.0,
     throw: bool = True,
     project: bool = False,
+    controls=None,
 ) -> Solution:
     """Integrate ``system`` with ``integrator`` for ``n_steps`` steps of size ``dt``.
+
+    ``controls`` feeds the control input ``u`` of a :class:`vijax.ForcedSystem` that declares
+    ``control_dim = c > 0``: an array of shape ``(n_steps, c)`` (one control per step, held
+    over it), ``(n_steps, k, c)`` (one per force node: ``k = len(integrator.force_nodes())``,
+    the stage or quadrature nodes at which the method evaluates the force; needed for the
+    full order of high-order methods in optimal control), or a callable ``u(t) -> (c,)``
+    (sampled at the force nodes).  Derivatives flow to the controls.
 
     With ``dense=True`` (collocation and Galerkin methods) the solution also carries the
     polynomials of every step, whatever ``save_every``: ``sol.evaluate(t)`` gives ``q``,
@@ -522,7 +534,8 @@ def simulate(
     """
     _warn_precision(q0=q0, v0=v0, p0=p0, dt=dt)
     counts = _static_checks(system, integrator, n_steps, save_every, dense)
-    values = dict(q0=q0, v0=v0, p0=p0, dt=dt, t0=t0, project=project)
+    controls = _controls(system, integrator, controls, counts[0], q0, t0, dt)
+    values = dict(q0=q0, v0=v0, p0=p0, dt=dt, t0=t0, project=project, controls=controls)
     # one flattening serves the test for traced inputs and the cache key
     leaves, treedef = jax.tree_util.tree_flatten((system, integrator, values))
     if _tracing() or any(_is_traced(x) for x in leaves):
@@ -608,10 +621,47 @@ def _static_checks(system, integrator, n_steps, save_every, dense) -> tuple[int,
     return n_steps, save_every, bool(dense)
 
 
-def _check_values(system, integrator, *, q0, v0, p0, dt, t0, project):
+def _controls(system, integrator, controls, n_steps: int, q0, t0, dt):
+    """The controls as an array ``(n_steps, c)`` or ``(n_steps, k, c)`` (a callable sampled at
+    the force nodes), or ``None``; shapes checked against the system and the method."""
+    c = system.control_dim if isinstance(system, ForcedSystem) else 0
+    name = type(system).__name__
+    nodes = np.asarray(integrator.force_nodes())
+    k = len(nodes)
+    shapes = (f"an array of shape (n_steps, control_dim) = ({n_steps}, {c}) held over each "
+              f"step, of shape (n_steps, force nodes, control_dim) = ({n_steps}, {k}, {c}) "
+              f"with one control per force node of {integrator.name}, or a callable u(t) "
+              f"returning shape ({c},)")
+    if controls is None:
+        if c:
+            raise ValueError(f"{name} declares control_dim = {c}: pass controls=..., {shapes}.")
+        return None
+    if not c:
+        raise ValueError(
+            f"controls were given but {name} has no control input: declare control_dim > 0 on "
+            f"a vijax.ForcedSystem whose force(t, q, v, u) reads u, or drop controls=.")
+    if callable(controls):
+        dtype = jnp.result_type(jnp.asarray(q0).dtype, float)
+        times = (jnp.asarray(t0, dtype) + jnp.asarray(dt, dtype)
+                 * (jnp.arange(n_steps, dtype=dtype)[:, None] + jnp.asarray(nodes, dtype)[None, :]))
+        U = jax.vmap(jax.vmap(controls))(times)
+        if U.shape != (n_steps, k, c):
+            raise ValueError(f"The control function returned shape {U.shape[2:]} at a time; it "
+                             f"must return shape ({c},), the control_dim of {name}.")
+        return U
+    U = jnp.asarray(controls)
+    if U.shape not in ((n_steps, c), (n_steps, k, c)):
+        raise ValueError(
+            f"controls has shape {U.shape}, which does not match n_steps = {n_steps}, the {k} "
+            f"force nodes (stages) of {integrator.name} and control_dim = {c} of {name}; pass "
+            f"{shapes}.")
+    return U
+
+
+def _check_values(system, integrator, *, q0, v0, p0, dt, t0, project, controls):
     """Shapes and dtypes (at trace time under jit), then the checks on values: raised at once
     on concrete values, carried in the graph on traced ones.  Returns ``(system, q0, v0, dt,
-    t0)`` ready for the run (projected, ``v0`` from ``p0``, array parameters)."""
+    t0, controls)`` ready for the run (projected, ``v0`` from ``p0``, array parameters)."""
     q0 = _vector("q0", q0, system.ndim)
     x0 = _check_shapes(q0, v0, p0)
     dtype = q0.dtype
@@ -633,6 +683,11 @@ def _check_values(system, integrator, *, q0, v0, p0, dt, t0, project):
     for check in _parameter_checks(system):
         inputs.refuse(*check)
     inputs.refuse(*_finite("q0", q0, "initial coordinates"))
+    if controls is not None:
+        if not jnp.issubdtype(controls.dtype, jnp.number):
+            raise TypeError(f"controls has dtype {controls.dtype}; pass numbers.")
+        inputs.set(controls=controls.astype(dtype))
+        inputs.refuse(*_finite("controls", inputs.controls, "controls"))
     if project:
         inputs.set(q0=inputs.system.project_configuration(inputs.q0))
     if v0 is not None:
@@ -655,21 +710,30 @@ def _check_values(system, integrator, *, q0, v0, p0, dt, t0, project):
     bad, messages, eager, index = _regular(system, inputs.q0, inputs.v0)
     inputs.refuse(bad, messages, eager, index=index)
     system, q0, v0, dt, t0 = (inputs.system, inputs.q0, inputs.v0, inputs.dt, inputs.t0)
+    controls = inputs.controls if controls is not None else None
+    if isinstance(system, ForcedSystem):
+        u0 = None if controls is None else controls.reshape((-1, controls.shape[-1]))[0]
+        out = jax.eval_shape(system.force, t0, q0, v0, u0)
+        if getattr(out, "shape", None) != q0.shape:
+            raise ValueError(
+                f"{type(system).__name__}.force(t, q, v, u) returned "
+                f"{getattr(out, 'shape', type(out).__name__)}; it must return the generalised "
+                f"force, an array shaped like q, {q0.shape}.")
     # the integrator's own consistency checks (raised here, or carried by q0, v0 in the graph)
     q0, v0 = integrator.check_initial(system, q0, v0, float(jnp.finfo(dtype).eps) ** 0.6)
     # Python-float parameters become arrays of the working dtype: jit then traces them
     # (no recompilation per value) and the system follows the dtype of q0.
     system = jax.tree_util.tree_map(
         lambda x: jnp.asarray(x, dtype) if isinstance(x, float) else x, system)
-    return system, q0, v0, dt, t0
+    return system, q0, v0, dt, t0, controls
 
 
-def _finish(integrator, system, q0, v0, dt, t0, n_steps, save_every, dense, *, throw,
+def _finish(integrator, system, q0, v0, dt, t0, U, n_steps, save_every, dense, *, throw,
             run=None):
     """The compiled run on checked inputs (``run()``, when given, is it), and its
     convergence check."""
     if run is None:
-        run = lambda: _run(system, integrator, q0, v0, t0, dt,  # noqa: E731
+        run = lambda: _run(system, integrator, q0, v0, t0, dt, U,  # noqa: E731
                            n_steps // save_every, save_every, dense)
     sol = run()
     if throw:

@@ -43,6 +43,7 @@ __all__ = [
     "UnrolledAdjoint",
     "Newton",
     "SimplifiedNewton",
+    "AbstractFixedPoint",
     "FixedPoint",
     "ConvergenceError",
     "default_tolerance",
@@ -220,15 +221,17 @@ class AbstractRootSolver(eqx.Module):
     #: size of the last update, about 3e-14 per step in measurements, and drifts the energy.)
     _aux_lags: ClassVar[bool] = False
 
-    #: ``min_steps`` when it is ``None``, per :func:`jax.default_backend` (others: ``"gpu"``).
-    _default_min_steps: ClassVar[dict] = {"cpu": 0, "gpu": 0}
+    def _default_min_steps(self) -> dict:
+        """``min_steps`` when it is ``None``, per :func:`jax.default_backend` (others:
+        ``"gpu"``)."""
+        return {"cpu": 0, "gpu": 0}
 
     def straight_line_updates(self) -> int:
         """The updates run as straight-line code before the loop: ``min_steps``, or when that
         is ``None`` the default for the backend (:func:`jax.default_backend`)."""
         if self.min_steps is not None:
             return min(self.min_steps, self.max_steps)
-        table = self._default_min_steps
+        table = self._default_min_steps()
         return min(table.get(jax.default_backend(), table["gpu"]), self.max_steps)
 
     @abc.abstractmethod
@@ -408,7 +411,28 @@ class SimplifiedNewton(AbstractRootSolver):
         return update
 
 
-class FixedPoint(AbstractRootSolver):
+class AbstractFixedPoint(AbstractRootSolver):
+    """Preconditioned fixed-point iteration ``x <- x - P(F(x))`` (the shared part of
+    :class:`FixedPoint` and the constrained methods' default solver); subclasses declare their
+    per-backend straight-line start ``_default_min_steps``."""
+
+    max_steps: int = eqx.field(static=True, default=100)
+    min_steps: Optional[int] = eqx.field(static=True, default=None)
+    _aux_lags: ClassVar[bool] = True
+
+    @abc.abstractmethod
+    def _default_min_steps(self) -> dict:
+        """The straight-line start per backend: measured per family of stage equations."""
+
+    def _make_update(self, f, x0, precond):
+        def update(x):
+            r, aux = f(x)
+            return (r if precond is None else precond(r)), r, aux
+
+        return update
+
+
+class FixedPoint(AbstractFixedPoint):
     """Preconditioned fixed-point iteration ``x <- x - P(F(x))``.
 
     ``P`` is the method's approximate inverse Jacobian (for :class:`vijax.VPRK`, the inverse
@@ -417,19 +441,10 @@ class FixedPoint(AbstractRootSolver):
     linearly with a rate ``O(h)`` on non-stiff problems; use :class:`Newton` for stiff ones.
     """
 
-    max_steps: int = eqx.field(static=True, default=100)
-    min_steps: Optional[int] = eqx.field(static=True, default=None)
-    _aux_lags: ClassVar[bool] = True
     # Measured with benchmarks/stage_sweeps.py (VPRK Gauss(2)-(4) on Kepler, the double
     # pendulum and Henon--Heiles; 1 to 16384 members): on a CPU a loop iteration costs about
     # what an unrolled update does, so 2; on an H100 the best count is the typical iteration
     # count (3 to 5 there), and 4 is within 20 % of the best in every case measured, against
     # up to 1.7 times slower steps with 2.
-    _default_min_steps: ClassVar[dict] = {"cpu": 2, "gpu": 4}
-
-    def _make_update(self, f, x0, precond):
-        def update(x):
-            r, aux = f(x)
-            return (r if precond is None else precond(r)), r, aux
-
-        return update
+    def _default_min_steps(self) -> dict:
+        return {"cpu": 2, "gpu": 4}

@@ -14,6 +14,7 @@ the families' traits (``_table.py``).
 from ._base import (AbstractDenseIntegrator, AbstractIntegrator, AbstractState,
                     IncompatibleSystemError, accepting, registry)
 from ._table import method_table, presets
+from ._forcing import stage_force
 from .vprk import VPRK, AbstractPRK, VPRKState
 from .holonomic import HolonomicState, HolonomicVPRK
 from .galerkin import (CGVI, DGVI, AbstractContinuousTimeVI, CGState, ConstrainedDGState,
@@ -23,4 +24,4 @@ __all__ = ["AbstractIntegrator", "AbstractDenseIntegrator", "AbstractState",
            "IncompatibleSystemError", "registry", "accepting", "AbstractPRK", "VPRK", "VPRKState",
            "HolonomicVPRK", "HolonomicState", "GalerkinVI", "GalerkinState",
            "AbstractContinuousTimeVI", "DGVI", "DGState", "ConstrainedDGState", "CGVI", "CGState",
-           "dg_prk_tableau", "dg_prk_tableau_formula", "method_table", "presets"]
+           "dg_prk_tableau", "dg_prk_tableau_formula", "method_table", "presets", "stage_force"]

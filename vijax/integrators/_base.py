@@ -14,6 +14,7 @@ from typing import ClassVar, Optional
 
 import equinox as eqx
 import jax
+import numpy as np
 from equinox import AbstractVar
 from jaxtyping import Array, Float
 
@@ -133,9 +134,19 @@ class AbstractIntegrator(eqx.Module):
         """State at ``t0`` from a consistent ``(q0, v0)``."""
 
     @abc.abstractmethod
-    def step(self, system: LagrangianSystem, state: AbstractState, h: ScalarLike
-             ) -> tuple[AbstractState, SolverStats]:
-        """Advance one step of size ``h``; returns the new state and the solve statistics."""
+    def step(self, system: LagrangianSystem, state: AbstractState, h: ScalarLike,
+             u: Optional[Array] = None) -> tuple[AbstractState, SolverStats]:
+        """Advance one step of size ``h``; returns the new state and the solve statistics.
+
+        ``u`` is the control of a :class:`vijax.ForcedSystem` over the step: shape ``(c,)``
+        (held) or ``(len(force_nodes()), c)`` (one per force node); ``None`` without
+        controls."""
+
+    @abc.abstractmethod
+    def force_nodes(self) -> np.ndarray:
+        """The times, as fractions of the step, at which a step evaluates the force of a
+        :class:`vijax.ForcedSystem` (its stage or quadrature nodes): stage controls give one
+        control per node."""
 
     @abc.abstractmethod
     def velocity(self, system: LagrangianSystem, state: AbstractState) -> Vector:

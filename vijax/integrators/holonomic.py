@@ -9,7 +9,9 @@ Hamilton--Pontryagin action adds ``-h sum_i b_i <Lam^i, g(Q^i)>`` (sign conventi
     q_{k+1} = q_k + h sum_j b_j V^j,        p_{k+1} = p_k + h sum_j b_j W^j,
     0 = g(Q^i)  (i = 2..s),                 0 = G(q_{k+1}) FL^{-1}(q_{k+1}, p_{k+1}).
 
-The last equation (tangency, the hidden constraint) closes the system; all ``Lam^1..Lam^s``
+With a :class:`vijax.ForcedSystem` the stage forces ``F(t_k + c_i h, Q^i, V^i, U^i)`` join
+``W^i`` (discrete Lagrange--d'Alembert principle).  The last equation (tangency, the hidden
+constraint) closes the system; all ``Lam^1..Lam^s``
 are unknowns.  The tableau must satisfy their hypotheses H1--H3 (``a_1j = 0``, ``A`` without
 its first row and column invertible, ``a_sj = b_j``): Lobatto IIIA--IIIB, whose
 ``s``-stage member has order ``2s - 2`` on the constraint manifold; ``s = 2`` is RATTLE.
@@ -30,7 +32,7 @@ from .._linalg import mm
 from .._typing import ScalarLike, Vector
 from ..quadrature import lagrange_extrapolation_matrix
 from ..solvers import AbstractRootSolver, SolverStats
-from ..systems import HolonomicSystem, LagrangianSystem
+from ..systems import ForcedSystem, HolonomicSystem, LagrangianSystem
 from ._base import AbstractIntegrator, AbstractState
 from .vprk import VPRK, AbstractPRK, stage_values
 
@@ -83,7 +85,7 @@ class HolonomicVPRK(AbstractPRK):
     solver: AbstractRootSolver
 
     symplectic = True
-    supported = frozenset({HolonomicSystem})
+    supported = frozenset({HolonomicSystem, ForcedSystem})
     required = frozenset({HolonomicSystem})
 
     def __init__(self, tableau, solver: AbstractRootSolver | None = None):
@@ -124,12 +126,12 @@ class HolonomicVPRK(AbstractPRK):
             lams=jnp.broadcast_to(lam0, (s,) + lam0.shape),
         )
 
-    def _residual(self, system, q, p, h, X):
+    def _residual(self, system, q, p, h, X, force=None):
         a, ahat, b = self._coefficients(q.dtype)
         # Unknowns are scaled to O(1) blocks: impulses mu^i = h Lam^i and the constraint rows
         # divided by h, so that the Newton matrix stays well conditioned as h -> 0.
         V, mus, v1 = X
-        Q, D1, D2 = stage_values(system, a, q, h, V)
+        Q, D1, D2 = stage_values(system, a, q, h, V, force)
         G = jax.vmap(lambda x: cons.constraint_jacobian(system, x))(Q)
         hW = h * D1 - sum(G[:, j, :] * mus[:, j, None] for j in range(mus.shape[1]))
         q1 = q + h * mm(b, V)
@@ -164,9 +166,10 @@ class HolonomicVPRK(AbstractPRK):
 
         return precond
 
-    def step(self, system: LagrangianSystem, state: HolonomicState, h: ScalarLike
+    def step(self, system: LagrangianSystem, state: HolonomicState, h: ScalarLike, u=None
              ) -> tuple[HolonomicState, SolverStats]:
         q, p = state.q, state.p
+        force = self._force(system, state, h, u)
         # Predictor: the previous step's stage velocities and multipliers extrapolated by
         # their interpolation polynomials; v_{k+1} shifted by the change of V^s (= v at c_s = 1).
         # (Shifting the velocities by 2 (v_k - V^s), exact to O(h^2) for RATTLE, saves two
@@ -177,8 +180,8 @@ class HolonomicVPRK(AbstractPRK):
         V0 = mm(extrap, state.stages)
         X0 = (V0, h * mm(extrap, state.lams), state.v + V0[-1] - state.stages[-1])
         # p_{k+1} from the last residual evaluation: no evaluation after the solve.
-        X, p1, stats = self.solver.solve(lambda X: self._residual(system, q, p, h, X), X0,
-                                         self._precond(system, state, h, X0), has_aux=True)
+        X, p1, stats = self.solver.solve(lambda X: self._residual(system, q, p, h, X, force),
+                                         X0, self._precond(system, state, h, X0), has_aux=True)
         V, mus, v1 = X
         q1 = q + h * mm(self._coefficients(q.dtype)[2], V)
         lams = mus / h

@@ -12,6 +12,11 @@ with ``(a, b)`` any Runge--Kutta tableau and ``(â, b)`` its symplectic conjugat
 equations ``D2L(Q^i, V^i) - P^i = 0``).  The map ``(q_k, p_k) -> (q_{k+1}, p_{k+1})`` is
 symplectic, and its order is that of the tableau: ``2s`` for Gauss, ``2s - 2`` for
 Lobatto IIIA--IIIB.
+
+With a :class:`vijax.ForcedSystem` the discrete Lagrange--d'Alembert principle adds the
+stage forces, ``W^i = D1L(Q^i, V^i) + F(t_k + c_i h, Q^i, V^i, U^i)`` (Ober-Blöbaum, Junge &
+Marsden (2011); the high-order form of Campos, Ober-Blöbaum & Trélat (2015)): the same order,
+the energy balance of the forced system instead of conservation.
 """
 
 
@@ -33,8 +38,9 @@ from ..quadrature import (
     lobatto_quadrature,
 )
 from ..solvers import AbstractRootSolver, FixedPoint, SolverStats
-from ..systems import LagrangianSystem, MechanicalSystem
+from ..systems import ForcedSystem, LagrangianSystem, MechanicalSystem
 from ._base import AbstractDenseIntegrator, AbstractIntegrator, AbstractState
+from ._forcing import stage_force
 
 __all__ = ["AbstractPRK", "VPRK", "VPRKState", "stage_values"]
 
@@ -52,12 +58,16 @@ class VPRKState(AbstractState):
     forces: Float[Array, "s n"]
 
 
-def stage_values(system, a, q, h, V):
-    """Stage positions ``Q^i = q + h sum_j a_ij V^j`` and ``(D1L, D2L)`` at ``(Q^i, V^i)``
-    (Martín de Diego & Sato Martín de Almagro (2022), eqs. (9) and (13)): the part every VPRK
-    variant shares."""
+def stage_values(system, a, q, h, V, force=None):
+    """Stage positions ``Q^i = q + h sum_j a_ij V^j`` and ``(D1L + F, D2L)`` at
+    ``(Q^i, V^i)`` (Martín de Diego & Sato Martín de Almagro (2022), eqs. (9) and (13)): the
+    part every VPRK variant shares.  ``force`` (from :func:`._forcing.stage_force`) adds the
+    stage forces of the discrete Lagrange--d'Alembert principle to ``D1L``: the forced PRK
+    of Ober-Blöbaum, Junge & Marsden (2011), whose order is the tableau's."""
     Q = q[None, :] + h * mm(a, V)
     D1, D2 = jax.vmap(system.derivatives)(Q, V)
+    if force is not None:
+        D1 = D1 + force(Q, V)
     return Q, D1, D2
 
 
@@ -102,6 +112,15 @@ class AbstractPRK(AbstractDenseIntegrator):
     @property
     def stages(self) -> int:
         return self.tableau.q.stages
+
+    def force_nodes(self) -> np.ndarray:
+        """The stage nodes ``c_i`` of the ``q``-tableau: the stage forces act at
+        ``(t_k + c_i h, Q^i, V^i)``."""
+        return np.asarray(self.tableau.q.c, dtype=np.float64)
+
+    def _force(self, system, state, h, u):
+        """The stage-force function of the step (``None`` for an unforced system)."""
+        return stage_force(system, state.t, h, self.force_nodes(), u)
 
     def _coefficients(self, dtype):
         """``(a, â, b)`` cast to the working dtype (constants in compiled code)."""
@@ -167,6 +186,7 @@ class VPRK(AbstractPRK):
     predictor: Literal["extrapolate", "constant"] = eqx.field(static=True)
 
     symplectic = True
+    supported = frozenset({ForcedSystem})
 
     def __init__(self, tableau, solver: AbstractRootSolver | None = None,
                  predictor: Literal["extrapolate", "constant"] = "extrapolate"):
@@ -228,17 +248,19 @@ class VPRK(AbstractPRK):
         return jnp.asarray(extrap, dtype)
 
     def stage_residual(self, system: LagrangianSystem, q: Vector, p: Vector, h: ScalarLike,
-                       V: Stages) -> tuple[Stages, Stages]:
-        """Residual ``D2L(Q^i, V^i) - P^i`` of eq. (9), and the stage ``W^i``."""
+                       V: Stages, force=None) -> tuple[Stages, Stages]:
+        """Residual ``D2L(Q^i, V^i) - P^i`` of eq. (9), and the stage ``W^i`` (with the
+        stage forces, when ``force`` is given)."""
         a, ahat, _ = self._coefficients(q.dtype)
-        _, W, D2 = stage_values(system, a, q, h, V)
+        _, W, D2 = stage_values(system, a, q, h, V, force)
         return D2 - (p[None, :] + h * mm(ahat, W)), W
 
-    def step(self, system: LagrangianSystem, state: VPRKState, h: ScalarLike
+    def step(self, system: LagrangianSystem, state: VPRKState, h: ScalarLike, u=None
              ) -> tuple[VPRKState, SolverStats]:
         q, p = state.q, state.p
         a, ahat, b = self._coefficients(q.dtype)
         extrap = self._extrapolation(q.dtype)
+        force = self._force(system, state, h, u)
         if isinstance(system, MechanicalSystem) and system.constant_mass:
             # Force form: with a constant mass matrix the stage velocities are a linear
             # function of the stage forces, V^i = M^{-1} (p + h sum_j â_ij W^j), so the
@@ -252,7 +274,9 @@ class VPRK(AbstractPRK):
 
             def residual(W):
                 V = velocities(W)
-                return W - jax.vmap(system.d1_lagrangian)(q[None, :] + h * mm(a, V), V)
+                Q = q[None, :] + h * mm(a, V)
+                D1 = jax.vmap(system.d1_lagrangian)(Q, V)
+                return W - (D1 if force is None else D1 + force(Q, V))
 
             W, stats = self.solver.solve(residual, mm(extrap, state.forces))
             V = velocities(W)
@@ -263,7 +287,7 @@ class VPRK(AbstractPRK):
                 # instead of 6.0 updates per step, 17 % less time than a matrix frozen at the
                 # step start).
                 def residual(V):
-                    Q, W, _ = stage_values(system, a, q, h, V)
+                    Q, W, _ = stage_values(system, a, q, h, V, force)
                     P = p[None, :] + h * mm(ahat, W)
                     minv_p = jax.vmap(lambda Qi, Pi: system.inverse_mass_matrix(Qi) @ Pi)
                     return V - minv_p(Q, P), W
@@ -276,7 +300,7 @@ class VPRK(AbstractPRK):
                 minv = system.inverse_velocity_hessian(q, V0[-1])
 
                 def residual(V):
-                    return self.stage_residual(system, q, p, h, V)
+                    return self.stage_residual(system, q, p, h, V, force)
 
                 def precond(r):
                     return mm(r, minv.T)

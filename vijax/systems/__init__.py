@@ -1,6 +1,6 @@
 """Systems: the :class:`LagrangianSystem` base and a catalogue of ready-made systems."""
 
-from ._base import (CAPABILITIES, HolonomicSystem, LagrangianSystem, MechanicalSystem,
+from ._base import (CAPABILITIES, ForcedSystem, HolonomicSystem, LagrangianSystem, MechanicalSystem,
                     PointMassSystem, capabilities)
 from .catalogue import (DoublePendulum, GeneralKepler, HarmonicOscillator, HenonHeiles, Kepler,
                         Pendulum)
@@ -8,6 +8,7 @@ from .constrained import (AbstractCartesianPendulum, CartesianPendulum, DoublePe
                           SphericalPendulum)
 
 __all__ = ["LagrangianSystem", "MechanicalSystem", "PointMassSystem", "HolonomicSystem",
+           "ForcedSystem",
            "CAPABILITIES", "capabilities", "AbstractCartesianPendulum", "HarmonicOscillator", "Pendulum",
            "DoublePendulum", "Kepler", "GeneralKepler", "HenonHeiles", "CartesianPendulum",
            "PolarPendulum", "SphericalPendulum", "DoublePendulum3D"]

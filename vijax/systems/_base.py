@@ -20,7 +20,7 @@ from ..lie import AbstractLieGroup, Rn
 from ..solvers import Newton
 
 __all__ = ["LagrangianSystem", "MechanicalSystem", "PointMassSystem", "HolonomicSystem",
-           "CAPABILITIES", "capabilities"]
+           "ForcedSystem", "CAPABILITIES", "capabilities"]
 
 
 class LagrangianSystem(eqx.Module):
@@ -45,7 +45,8 @@ class LagrangianSystem(eqx.Module):
 
     Capabilities beyond the Lagrangian are declared by subclassing their base, never by
     defining an optional method: holonomic constraints by :class:`HolonomicSystem`.  Each
-    integrator declares which of them it accepts (:meth:`vijax.AbstractIntegrator.accepts`).
+    integrator declares which of them it accepts (:meth:`vijax.AbstractIntegrator.accepts`);
+    non-conservative forces and controls by :class:`ForcedSystem`.
     """
 
     quadratic_in_velocity: ClassVar[bool] = False
@@ -134,6 +135,30 @@ class HolonomicSystem(LagrangianSystem):
         return constraints.project_velocity(self, q, v)
 
 
+class ForcedSystem(LagrangianSystem):
+    """A system with a non-conservative generalised force ``F(t, q, v, u)``: implement
+    :meth:`force`.
+
+    Damping, friction, actuation and explicitly time-dependent drives enter the integrators
+    through the Lagrange--d'Alembert principle ``δ∫L dt + ∫F·δq dt = 0`` (Marsden & West
+    (2001), §3; Ober-Blöbaum, Junge & Marsden (2011)): each variational method adds the
+    virtual work of ``F`` with its own quadrature, which keeps its order.  ``u`` is the control
+    (shape ``(control_dim,)``), fed by ``vijax.simulate(..., controls=...)``; it is ``None``
+    when the class declares ``control_dim = 0`` (the default).
+
+    Combine it with the other capabilities, e.g.
+    ``class DampedPendulum(vj.ForcedSystem, vj.systems.CartesianPendulum)``.
+    """
+
+    #: Dimension of the control input ``u`` (0: no control, ``force`` receives ``None``).
+    control_dim: ClassVar[int] = 0
+
+    @abc.abstractmethod
+    def force(self, t: Float[Array, ""], q: Float[Array, " n"], v: Float[Array, " n"],
+              u: Optional[Float[Array, " c"]]) -> Float[Array, " n"]:
+        """The generalised force (shape ``(n,)``, covariant: it is paired with ``δq``)."""
+
+
 class MechanicalSystem(LagrangianSystem):
     """``L = 1/2 v^T M(q) v - V(q)``: implement :meth:`mass_matrix` and :meth:`potential`.
 
@@ -191,8 +216,8 @@ class PointMassSystem(MechanicalSystem):
 
 
 #: The capability bases a system may declare, in the order tables list them.  A new family
-#: adds its base here (nonholonomic constraints, forcing, ...).
-CAPABILITIES: tuple[type, ...] = (HolonomicSystem,)
+#: adds its base here (nonholonomic constraints, ...).
+CAPABILITIES: tuple[type, ...] = (HolonomicSystem, ForcedSystem)
 
 
 def capabilities(system) -> frozenset:

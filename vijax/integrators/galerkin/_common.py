@@ -15,8 +15,9 @@ from jaxtyping import Array
 from ..._typing import ScalarLike, Vector
 from ...quadrature import PolynomialBasis, Quadrature, as_quadrature, lagrange_basis
 from ...solvers import AbstractRootSolver, Newton
-from ...systems import LagrangianSystem, MechanicalSystem
+from ...systems import ForcedSystem, LagrangianSystem, MechanicalSystem
 from .._base import AbstractDenseIntegrator, AbstractState
+from .._forcing import stage_force
 
 __all__ = ["check_int", "step_ratio", "extrapolation", "hamiltonian", "quad_sum",
            "AbstractContinuousTimeVI"]
@@ -68,6 +69,7 @@ class AbstractContinuousTimeVI(AbstractDenseIntegrator):
     solver: AbstractVar[AbstractRootSolver]
 
     symplectic = True
+    supported = frozenset({ForcedSystem})
 
     @property
     def system_type(self) -> type:
@@ -114,3 +116,24 @@ class AbstractContinuousTimeVI(AbstractDenseIntegrator):
 
     def init(self, system: LagrangianSystem, t0: ScalarLike, q0: Vector, v0: Vector) -> AbstractState:
         return self.init_from_momentum(system, t0, q0, system.momentum(q0, v0))
+
+    # -- forcing ------------------------------------------------------------------------------
+    def force_nodes(self) -> np.ndarray:
+        """The nodes of the (potential) quadrature rule."""
+        return np.asarray(self.quadrature.nodes, dtype=np.float64)
+
+    def _force(self, system, state, h, u):
+        return stage_force(system, state.t, h, self.force_nodes(), u)
+
+    def _virtual_work(self, force, system, Q, P, h):
+        """``∂/∂η_q`` of the virtual work ``∫ F·δq̃ dt`` with the quadrature rule of ``∫ H``:
+        ``h Σ_j w_j φ(τ_j) F_j``, ``F_j`` at ``(q̃(τ_j), ∂H/∂p(q̃, p̃)(τ_j))``.  The
+        Lagrange--d'Alembert form of the principle of virtual action (Muehlebach et al. (2016),
+        eq. (7), which has the virtual work of non-potential forces): the step equations become
+        ``∂G/∂η_q = ∫ F·∂q̃/∂η_q dt``."""
+        bq, bp = self._H_bases()
+        rule, dtype = self.quadrature, Q.dtype
+        Bq = jnp.asarray(bq.values(rule.nodes), dtype)
+        q = Bq @ Q
+        F = force(q, jax.vmap(system.velocity)(q, jnp.asarray(bp.values(rule.nodes), dtype) @ P))
+        return h * (Bq.T @ (jnp.asarray(rule.weights, dtype)[:, None] * F))

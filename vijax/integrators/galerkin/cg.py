@@ -95,8 +95,9 @@ class CGVI(AbstractContinuousTimeVI):
     def _H_bases(self):
         return self._bases()
 
-    def residual(self, system, X, q_i, p_i, h):
-        """``(∂G/∂Q, ∂G/∂P)`` for the unknowns ``X = {"Q": Q[1:], "P": P, "p1": p_{i+1}}``."""
+    def residual(self, system, X, q_i, p_i, h, force=None):
+        """``(∂G/∂Q, ∂G/∂P)`` for the unknowns ``X = {"Q": Q[1:], "P": P, "p1": p_{i+1}}``
+        (minus the virtual work of the force, when given)."""
         bq, bp = self._bases()
         dtype = q_i.dtype
         B = jnp.asarray(mixed_matrix(bp, bq), dtype)  # ∫ ψ_k φ_l'
@@ -106,7 +107,10 @@ class CGVI(AbstractContinuousTimeVI):
                     + self._H_integral(system, Q, P, h))
 
         Q = jnp.concatenate([q_i[None], X["Q"]])
-        return jax.grad(G, argnums=(0, 1))(Q, X["P"])
+        dQ, dP = jax.grad(G, argnums=(0, 1))(Q, X["P"])
+        if force is not None:
+            dQ = dQ - self._virtual_work(force, system, Q, X["P"], h)
+        return dQ, dP
 
     def init_from_momentum(self, system: LagrangianSystem, t0: ScalarLike, q0: Vector,
                            p0: Vector) -> AbstractState:
@@ -117,18 +121,19 @@ class CGVI(AbstractContinuousTimeVI):
                        Q=jnp.broadcast_to(q0, (r + 1, n)), P=jnp.broadcast_to(p0, (r, n)),
                        lam=jnp.zeros_like(q0), jump_p=jnp.zeros_like(q0))
 
-    def step(self, system: LagrangianSystem, state: AbstractState, h: ScalarLike
+    def step(self, system: LagrangianSystem, state: AbstractState, h: ScalarLike, u=None
              ) -> tuple[AbstractState, SolverStats]:
         bq, bp = self._bases()
         dtype = state.q.dtype
         h = jnp.asarray(h, dtype)
+        force = self._force(system, state, h, u)
         q_i, p_i = state.q, state.p
         ratio = step_ratio(state, h)
         Eq = extrapolation(bq.nodes, ratio, bq.nodes[1:]).astype(dtype)
         Ep = extrapolation(bp.nodes, ratio, bp.nodes).astype(dtype)
         e1 = extrapolation(bp.nodes, ratio, np.ones(1)).astype(dtype)[0]
         X0 = {"Q": Eq @ state.Q, "P": Ep @ state.P, "p1": e1 @ state.P}
-        X, stats = self.solver.solve(lambda X: self.residual(system, X, q_i, p_i, h), X0)
+        X, stats = self.solver.solve(lambda X: self.residual(system, X, q_i, p_i, h, force), X0)
         Q = jnp.concatenate([q_i[None], X["Q"]])
         P = X["P"]
         psi0 = jnp.asarray(bp.values(0.0)[0], dtype)

@@ -41,8 +41,9 @@ is always integrated exactly.  For a :class:`~vijax.systems.MechanicalSystem` th
 (kinetic integrals analytic, potential by rectangles); the step stays symplectic (one
 rule per additive term of ``G_i``, see above).
 
-Non-potential forces and time-dependent Hamiltonians are not supported (vijax systems are
-autonomous Lagrangians).
+Non-potential forces (a :class:`vijax.ForcedSystem`) enter through their virtual work, the
+Lagrange--d'Alembert form of the principle (7): ``∂G_i/∂η_q`` is balanced by
+``∫ F·∂q̃/∂η_q dt`` with the rule of ``∫ H``, ``F`` at ``(q̃, ∂H/∂p(q̃, p̃))``.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ from ..._typing import DenseLayout, ScalarLike, Stages, Times, Vector
 from ...interpolation import DenseOutput
 from ...quadrature import BASES, Quadrature, gauss_basis, gauss_quadrature, mixed_matrix
 from ...solvers import AbstractRootSolver, SolverStats
-from ...systems import HolonomicSystem, LagrangianSystem
+from ...systems import ForcedSystem, HolonomicSystem, LagrangianSystem
 from .._base import AbstractIntegrator, AbstractState
 from ._common import (
     AbstractContinuousTimeVI,
@@ -190,7 +191,7 @@ class DGVI(AbstractContinuousTimeVI):
     m_g: Optional[int] = eqx.field(static=True)
     solver: AbstractRootSolver
 
-    supported = frozenset({HolonomicSystem})
+    supported = frozenset({HolonomicSystem, ForcedSystem})
 
     def __init__(self, s: int = 3, quadrature=None, *, kinetic_quadrature=None,
                  basis: str = "lagrange", m_g: Optional[int] = None,
@@ -258,7 +259,7 @@ class DGVI(AbstractContinuousTimeVI):
                 - jnp.asarray(rule.weights, dtype) @ jnp.sum((dBg @ Pg) * gvals, axis=-1)
         return G
 
-    def residual(self, system, X, q_i, p_i, h):
+    def residual(self, system, X, q_i, p_i, h, force=None):
         """Step equations ``(∂G/∂η_q, ∂G/∂η_p[, ∂G/∂η_pg], BC)`` for the unknowns ``X`` (a dict
         of basis coefficients ``Q``, ``P`` [, ``Pg``] and ``p1`` = ``p_{i+1}`` or
         ``p_{z,i+1}``); ``p_i`` is the node momentum (``p_{z,i}`` when constrained)."""
@@ -269,6 +270,8 @@ class DGVI(AbstractContinuousTimeVI):
             return self._generating(system, dict(c, p1=X["p1"]), q_i, h, constrained)
 
         grads = jax.grad(G)(coeffs)
+        if force is not None:
+            grads["Q"] = grads["Q"] - self._virtual_work(force, system, X["Q"], X["P"], h)
         bq, bg = self._bases()
         phi0 = jnp.asarray(bq.values(0.0)[0], q_i.dtype)
         bc = phi0 @ X["P"] - p_i
@@ -321,7 +324,7 @@ class DGVI(AbstractContinuousTimeVI):
             X["p1"] = X["p1"] - cons.constraint_jacobian(system, q1).T @ (g1 @ state.Pg)
         return X
 
-    def step(self, system: LagrangianSystem, state: AbstractState, h: ScalarLike
+    def step(self, system: LagrangianSystem, state: AbstractState, h: ScalarLike, u=None
              ) -> tuple[AbstractState, SolverStats]:
         constrained = isinstance(system, HolonomicSystem)
         if constrained != isinstance(state, ConstrainedDGState):
@@ -331,7 +334,8 @@ class DGVI(AbstractContinuousTimeVI):
         q_i = state.q
         p_i = state.pz if constrained else state.p
         X0 = self._predictor(state, h, constrained, system)
-        X, stats = self.solver.solve(lambda X: self.residual(system, X, q_i, p_i, h), X0)
+        force = self._force(system, state, h, u)
+        X, stats = self.solver.solve(lambda X: self.residual(system, X, q_i, p_i, h, force), X0)
         return self._new_state(system, state, X, h, constrained), stats
 
     def _new_state(self, system, state, X, h, constrained):

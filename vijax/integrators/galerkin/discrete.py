@@ -57,8 +57,9 @@ from ...quadrature import (
     lobatto_quadrature,
 )
 from ...solvers import AbstractRootSolver, SolverStats
-from ...systems import HolonomicSystem, LagrangianSystem
+from ...systems import ForcedSystem, HolonomicSystem, LagrangianSystem
 from .._base import AbstractDenseIntegrator, AbstractIntegrator, AbstractState
+from .._forcing import stage_force
 
 __all__ = ["GalerkinState", "GalerkinVI"]
 
@@ -159,7 +160,7 @@ class GalerkinVI(AbstractDenseIntegrator):
     solver: AbstractRootSolver
 
     symplectic = True
-    supported = frozenset({HolonomicSystem})
+    supported = frozenset({HolonomicSystem, ForcedSystem})
 
     def __init__(self, s: int, w: int | None = None, *,
                  quadrature: Literal["gauss", "lobatto"] = "gauss", ordL: int | None = None,
@@ -314,7 +315,7 @@ class GalerkinVI(AbstractDenseIntegrator):
         else:
             f, e = gauss_quadrature(self.w - 1)
         return dict(
-            d=d, b=b, e=e,
+            d=d, c=c, b=b, e=e,
             lc=lagrange_extrapolation_matrix(d, c), dc=lagrange_derivative_matrix(d, c),
             lf=lagrange_extrapolation_matrix(d, f),
             d1=lagrange_derivative_matrix(d, np.ones(1))[0], dd=lagrange_derivative_matrix(d, d),
@@ -361,11 +362,18 @@ class GalerkinVI(AbstractDenseIntegrator):
         ``2 h e_1`` (``h e_1`` at the first step), and the raw momentum lags one step."""
         return self.mode == "paper" and self._lobatto_g and isinstance(system, HolonomicSystem)
 
-    def _equations(self, system, state, h, X, G0=None):
+    def force_nodes(self) -> np.ndarray:
+        """The nodes ``c_i`` of the Lagrangian quadrature."""
+        return np.asarray(self._rules()["c"], dtype=np.float64)
+
+    def _equations(self, system, state, h, X, G0=None, force=None):
         """Residuals of our one-step form of eqs. (22) of Wenger et al. (2017) (scaled to O(1)
         blocks) and the next incoming momentum.
         ``G0 = G(q_k)``, given when :meth:`_shares_node_multiplier` (evaluated once per step,
-        outside the Newton iteration)."""
+        outside the Newton iteration).  ``force`` (a :class:`vijax.ForcedSystem`): the virtual
+        work ``h sum_i b_i F_i . δq_d(c_i h)`` of the discrete Lagrange--d'Alembert principle
+        joins ``D_nu Lbar_d`` (the forced Galerkin scheme of Ober-Blöbaum, Junge & Marsden
+        (2011), with this method's Lagrangian quadrature)."""
         Zs, mu = X
         q0 = state.q
         dtype = q0.dtype
@@ -375,6 +383,10 @@ class GalerkinVI(AbstractDenseIntegrator):
         Z = jnp.concatenate([jnp.zeros((1, n), dtype), Zs])
         lam = self._node_multipliers(mu, h, m, dtype)
         grad = jax.grad(self.discrete_lagrangian, argnums=2)(system, q0, Z, lam, h)
+        if force is not None:
+            k = self._consts(dtype)
+            F = force(q0[None, :] + h * mm(k["lc"], Z), mm(k["dc"], Z))
+            grad = grad + h * mm((k["lc"] * k["b"][:, None]).T, F)
         # Projected mode: a one-step map of (q, p); paper mode: the carried partial momentum.
         pi_in = state.p if self.mode == "projected" else state.pi
         r0 = pi_in + grad[0]
@@ -444,10 +456,11 @@ class GalerkinVI(AbstractDenseIntegrator):
             controls=d[:, None] * v0[None, :], mults=jnp.broadcast_to(lam0, (self._n_mults(),) + lam0.shape),
         )
 
-    def step(self, system: LagrangianSystem, state: GalerkinState, h: ScalarLike
+    def step(self, system: LagrangianSystem, state: GalerkinState, h: ScalarLike, u=None
              ) -> tuple[GalerkinState, SolverStats]:
         dtype = state.q.dtype
         k = self._consts(dtype)
+        force = stage_force(system, state.t, h, self.force_nodes(), u)
         # Predictor: the previous step's polynomial extrapolated.
         Zprev = state.controls
         Z0 = mm(k["extrap"], Zprev) - Zprev[-1][None, :]
@@ -455,7 +468,8 @@ class GalerkinVI(AbstractDenseIntegrator):
         G0 = (cons.constraint_jacobian(system, state.q)
               if self._shares_node_multiplier(system) else None)
         # pi_{k+1} from the last residual evaluation: no evaluation after the solve.
-        X, pi1, stats = self.solver.solve(lambda X: self._equations(system, state, h, X, G0),
+        X, pi1, stats = self.solver.solve(lambda X: self._equations(system, state, h, X, G0,
+                                                                    force),
                                           X0, self._precond(system, state, h, X0),
                                           has_aux=True)
         Zs, mu = X

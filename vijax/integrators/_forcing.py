@@ -1,0 +1,41 @@
+"""Forces and controls at a step's force nodes: what every family shares to take a
+:class:`vijax.ForcedSystem` through the discrete Lagrange--d'Alembert principle."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._typing import Stages
+from ..systems import ForcedSystem
+
+__all__ = ["stage_controls", "stage_force"]
+
+
+def stage_controls(u, nodes: int):
+    """``u`` at each of ``nodes`` force nodes: ``None`` stays ``None``, a control held over the
+    step (shape ``(c,)``) is repeated, stage controls (shape ``(nodes, c)``) pass."""
+    if u is None:
+        return None
+    u = jnp.asarray(u)
+    return jnp.broadcast_to(u, (nodes,) + u.shape) if u.ndim == 1 else u
+
+
+def stage_force(system, t, h, nodes: np.ndarray, u
+                ) -> Optional[Callable[[Stages, Stages], Stages]]:
+    """``(Q, V) -> F(t + c_i h, Q^i, V^i, U^i)`` at the force nodes ``c_i`` (fractions of the
+    step), or ``None`` when ``system`` is not a :class:`vijax.ForcedSystem`."""
+    if not isinstance(system, ForcedSystem):
+        return None
+    ts = t + h * jnp.asarray(nodes, jnp.result_type(t, h))
+    U = stage_controls(u, len(nodes))
+
+    def force(Q, V):
+        if U is None:
+            return jax.vmap(lambda ti, qi, vi: system.force(ti, qi, vi, None))(ts, Q, V)
+        return jax.vmap(system.force)(ts, Q, V, U)
+
+    return force
