@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import numbers
 import warnings
 from typing import Any, Optional, Union
@@ -16,7 +17,7 @@ from jaxtyping import Array, Bool, Float, Int
 from ._checks import is_traced as _is_traced
 from ._checks import refuse as _refuse
 from ._typing import ScalarLike, Times, VectorLike
-from .integrators._base import AbstractDenseIntegrator, AbstractIntegrator
+from .integrators._base import AbstractDenseIntegrator, AbstractIntegrator, registry
 from .interpolation import DenseInterpolation, DenseOutput
 from .solvers import ConvergenceError
 from .systems import ForcedSystem, LagrangianSystem
@@ -343,22 +344,55 @@ def _chunk(n_saves: int, record_bytes: int) -> int:
     return next(c for c in range(most, 0, -1) if n_saves % c == 0)
 
 
-def _run_impl(system, integrator, q0, v0, t0, dt, U, n_saves: int, save_every: int,
-              dense: bool):
-    state0 = integrator.init(system, t0, q0, v0)
-    zero = StepStats(iterations=jnp.asarray(0, jnp.int32),
+def _divisor_near_sqrt(n: int) -> int:
+    """The divisor of ``n`` nearest to ``sqrt(n)`` (from below)."""
+    return next(d for d in range(max(1, math.isqrt(n)), 0, -1) if n % d == 0)
+
+
+def _scan(body, carry, length: int, checkpointed: bool):
+    """``lax.scan(body, carry, None, length)``; checkpointed: as two nested scans whose outer
+    body is :func:`jax.checkpoint`-ed (reverse mode stores the carry at the ``length / inner``
+    segment boundaries and, while it runs back through one segment, that segment's ``inner``
+    steps)."""
+    inner = _divisor_near_sqrt(length) if checkpointed else length
+    if inner in (1, length):
+        if checkpointed and length > 1:
+            body = jax.checkpoint(body)
+        return jax.lax.scan(body, carry, None, length=length)
+
+    @jax.checkpoint
+    def segment(carry, _):
+        return jax.lax.scan(body, carry, None, length=inner)
+
+    carry, recs = jax.lax.scan(segment, carry, None, length=length // inner)
+    return carry, jax.tree_util.tree_map(lambda x: x.reshape((length,) + x.shape[2:]), recs)
+
+
+def _zero_stats(dtype) -> StepStats:
+    return StepStats(iterations=jnp.asarray(0, jnp.int32),
                      max_iterations=jnp.asarray(0, jnp.int32),
-                     residual=jnp.zeros((), q0.dtype), converged=jnp.asarray(True),
+                     residual=jnp.zeros((), dtype), converged=jnp.asarray(True),
                      failed_step=jnp.asarray(-1, jnp.int32))
+
+
+def _advance(integrator, system, state, dt, u):
+    """One step, with the step's controls ``u`` when there are any."""
+    if u is None:
+        return integrator.step(system, state, dt)
+    return integrator.step(system, state, dt, u)
+
+
+def _saves(integrator, system, state0, dt, U, n_saves: int, save_every: int, dense: bool,
+           checkpointed: bool):
+    """The run from ``state0``: per save, the state, its block's statistics and (dense) the
+    steps' polynomials, each with a leading axis of ``n_saves``."""
+    zero = _zero_stats(state0.q.dtype)
 
     # Statistics are reduced in the carry, not stacked per step: long runs store only what
     # is saved.
     def one_step(k, state, agg):
         prev = state
-        if U is None:
-            state, st = integrator.step(system, state, dt)
-        else:
-            state, st = integrator.step(system, state, dt, U[k])
+        state, st = _advance(integrator, system, state, dt, None if U is None else U[k])
         # dense output: the step's polynomials at their nodes and the new node values
         rec = ((integrator.dense_interval(system, prev, state, dt),
                 integrator.dense_knots(system, state)) if dense else None)
@@ -381,19 +415,102 @@ def _run_impl(system, integrator, q0, v0, t0, dt, U, n_saves: int, save_every: i
             return (k + 1, state, agg), rec
 
         first = (j * save_every).astype(jnp.int32)
-        (_, state, agg), recs = jax.lax.scan(body, (first, state, zero), None,
-                                             length=save_every)
+        (_, state, agg), recs = _scan(body, (first, state, zero), save_every, checkpointed)
         return state, (state, agg, recs)
 
-    # a saved record is a state and its block's statistics (dense output: one save per chunk)
-    per_chunk = 1 if dense else _chunk(n_saves, _nbytes((state0, zero)))
+    # a saved record is a state and its block's statistics (dense output: one save per chunk;
+    # checkpointed: about sqrt(n_saves) saves per chunk, each chunk a checkpoint)
+    per_chunk = (1 if dense else _divisor_near_sqrt(n_saves) if checkpointed else
+                 _chunk(n_saves, _nbytes((state0, zero))))
+    if checkpointed:
+        save = jax.checkpoint(save)
 
     def chunk(state, i):
         return jax.lax.scan(save, state, i * per_chunk + jnp.arange(per_chunk))
 
+    if checkpointed:
+        chunk = jax.checkpoint(chunk)
+
     _, recs = jax.lax.scan(chunk, state0, jnp.arange(n_saves // per_chunk))
-    states, stats, recs = jax.tree_util.tree_map(
-        lambda x: x.reshape((n_saves,) + x.shape[2:]), recs)
+    return jax.tree_util.tree_map(lambda x: x.reshape((n_saves,) + x.shape[2:]), recs)
+
+
+def _reverse_nodes(u):
+    """Per-node controls in the order of the step taken backwards (symmetric nodes)."""
+    return u if u is None or u.ndim == 1 else u[::-1]
+
+
+@eqx.filter_custom_vjp
+def _reversible_saves(diff, integrator, n_saves: int, save_every: int):
+    """:func:`_saves` whose reverse mode keeps only the final state: the backward pass
+    rebuilds each state by stepping back with ``-dt`` (a symmetric method's inverse) and
+    differentiates that step there."""
+    system, state0, dt, U = diff
+    states, stats, _ = _saves(integrator, system, state0, dt, U, n_saves, save_every, False,
+                              False)
+    return states, stats
+
+
+@_reversible_saves.def_fwd
+def _reversible_fwd(perturbed, diff, integrator, n_saves, save_every):
+    out = _reversible_saves.fn(diff, integrator, n_saves, save_every)
+    return out, jax.tree_util.tree_map(lambda x: x[-1], out[0])
+
+
+@_reversible_saves.def_bwd
+def _reversible_bwd(final, grad_obj, perturbed, diff, integrator, n_saves, save_every):
+    system, _, dt, U = diff
+    states_ct = grad_obj[0]
+    # cotangents of the saved states (zero where a field was not differentiated)
+    like = jax.tree_util.tree_leaves(final)
+    given = jax.tree_util.tree_leaves(states_ct, is_leaf=lambda x: x is None)
+    cts = [jnp.zeros((n_saves,) + x.shape, x.dtype) if c is None else c
+           for x, c in zip(like, given)]
+    states_ct = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(final), cts)
+    dyn, static = eqx.partition(system, eqx.is_inexact_array)
+
+    def forward(dyn, dt, u, state):
+        return _advance(integrator, eqx.combine(dyn, static), state, dt, u)[0]
+
+    def back(carry, k):
+        state, ct, g_dyn, g_dt, g_U = carry
+        u = None if U is None else U[k]
+        prev = _advance(integrator, system, state, -dt, _reverse_nodes(u))[0]
+        if u is None:
+            _, vjp = jax.vjp(lambda d, h, x: forward(d, h, None, x), dyn, dt, prev)
+            d_dyn, d_dt, ct = vjp(ct)
+        else:
+            _, vjp = jax.vjp(forward, dyn, dt, u, prev)
+            d_dyn, d_dt, d_u, ct = vjp(ct)
+            g_U = g_U.at[k].add(d_u)
+        add = lambda a, b: jax.tree_util.tree_map(jnp.add, a, b)  # noqa: E731
+        return (prev, ct, add(g_dyn, d_dyn), g_dt + d_dt, g_U), None
+
+    def block(carry, j):
+        state, ct, *grads = carry
+        ct = jax.tree_util.tree_map(lambda a, b: a + b[j], ct, states_ct)
+        ks = j * save_every + jnp.arange(save_every - 1, -1, -1)
+        carry, _ = jax.lax.scan(back, (state, ct, *grads), ks)
+        return carry, None
+
+    zeros = lambda t: jax.tree_util.tree_map(jnp.zeros_like, t)  # noqa: E731
+    start = (final, zeros(final), zeros(dyn), jnp.zeros_like(dt),
+             None if U is None else jnp.zeros_like(U))
+    (_, ct0, g_dyn, g_dt, g_U), _ = jax.lax.scan(block, start, jnp.arange(n_saves - 1, -1, -1))
+    return g_dyn, ct0, g_dt, g_U
+
+
+def _run_impl(system, integrator, q0, v0, t0, dt, U, n_saves: int, save_every: int,
+              dense: bool, adjoint: str = "store_all"):
+    state0 = integrator.init(system, t0, q0, v0)
+    if adjoint == "reversible":
+        states, stats = _reversible_saves((system, state0, dt, U), integrator, n_saves,
+                                          save_every)
+        # the statistics are not differentiable (a custom_vjp output would carry tangents)
+        stats, recs = jax.tree_util.tree_map(jax.lax.stop_gradient, stats), None
+    else:
+        states, stats, recs = _saves(integrator, system, state0, dt, U, n_saves, save_every,
+                                     dense, adjoint == "checkpointed")
     states = jax.tree_util.tree_map(
         lambda a, b: jnp.concatenate([a[None], b]), state0, states)
     v = jax.vmap(lambda s: integrator.velocity(system, s))(states)
@@ -486,6 +603,7 @@ def simulate(
     throw: bool = True,
     project: bool = False,
     controls=None,
+    adjoint: str = "store_all",
 ) -> Solution:
     """Integrate ``system`` with ``integrator`` for ``n_steps`` steps of size ``dt``.
 
@@ -495,6 +613,13 @@ def simulate(
     the stage or quadrature nodes at which the method evaluates the force; needed for the
     full order of high-order methods in optimal control), or a callable ``u(t) -> (c,)``
     (sampled at the force nodes).  Derivatives flow to the controls.
+
+    ``adjoint`` chooses what reverse mode (:func:`jax.grad`) keeps of the forward run:
+    ``"store_all"`` (default) every step's linearisation; ``"checkpointed"`` only states at
+    two nested levels of segments (about ``sqrt`` of the saves, and of the steps between
+    saves), recomputing each segment's steps during the backward pass: memory grows like the
+    square root of the step count (plus the saved states themselves) for about one more
+    forward pass.  Both give the same derivatives (to round-off).
 
     With ``dense=True`` (collocation and Galerkin methods) the solution also carries the
     polynomials of every step, whatever ``save_every``: ``sol.evaluate(t)`` gives ``q``,
@@ -533,7 +658,7 @@ def simulate(
     the compiled run, so its cost is that of a ``jit``-compiled call.
     """
     _warn_precision(q0=q0, v0=v0, p0=p0, dt=dt)
-    counts = _static_checks(system, integrator, n_steps, save_every, dense)
+    counts = _static_checks(system, integrator, n_steps, save_every, dense, adjoint)
     controls = _controls(system, integrator, controls, counts[0], q0, t0, dt)
     values = dict(q0=q0, v0=v0, p0=p0, dt=dt, t0=t0, project=project, controls=controls)
     # one flattening serves the test for traced inputs and the cache key
@@ -606,9 +731,13 @@ def _raise_if_failed(sol: Solution, integrator: AbstractIntegrator, t0, dt,
     )
 
 
-def _static_checks(system, integrator, n_steps, save_every, dense) -> tuple[int, int, bool]:
+ADJOINTS = ("store_all", "checkpointed", "reversible")
+
+
+def _static_checks(system, integrator, n_steps, save_every, dense, adjoint="store_all"
+                   ) -> tuple[int, int, bool, str]:
     """Types and Python ints (raised at trace time under jit); ``(n_steps, save_every,
-    dense)`` as static Python values."""
+    dense, adjoint)`` as static Python values."""
     _check_compatible(system, integrator)
     n_steps = _static_count("n_steps", n_steps)
     save_every = _static_count("save_every", save_every)
@@ -618,7 +747,21 @@ def _static_checks(system, integrator, n_steps, save_every, dense) -> tuple[int,
     if dense and not isinstance(integrator, AbstractDenseIntegrator):
         raise ValueError(f"{integrator.name} has no dense output; drop dense=True or use a "
                          f"collocation or Galerkin method (a vijax.AbstractDenseIntegrator).")
-    return n_steps, save_every, bool(dense)
+    if adjoint not in ADJOINTS:
+        raise ValueError(f"adjoint must be one of {', '.join(map(repr, ADJOINTS))}, got "
+                         f"{adjoint!r}.")
+    if adjoint == "reversible":
+        if not integrator.symmetric:
+            allowed = sorted({call for call, m in registry() if m.symmetric})
+            raise ValueError(
+                f"adjoint='reversible' rebuilds the states by stepping backwards, which needs a "
+                f"symmetric method (its step with -h inverts the step with h); "
+                f"{integrator.name} is not one. Methods that allow it: {', '.join(allowed)}. "
+                f"Or use adjoint='checkpointed'.")
+        if dense:
+            raise ValueError("adjoint='reversible' keeps no step's polynomials; drop "
+                             "dense=True or use adjoint='checkpointed'.")
+    return n_steps, save_every, bool(dense), adjoint
 
 
 def _controls(system, integrator, controls, n_steps: int, q0, t0, dt):
@@ -728,13 +871,13 @@ def _check_values(system, integrator, *, q0, v0, p0, dt, t0, project, controls):
     return system, q0, v0, dt, t0, controls
 
 
-def _finish(integrator, system, q0, v0, dt, t0, U, n_steps, save_every, dense, *, throw,
-            run=None):
+def _finish(integrator, system, q0, v0, dt, t0, U, n_steps, save_every, dense, adjoint, *,
+            throw, run=None):
     """The compiled run on checked inputs (``run()``, when given, is it), and its
     convergence check."""
     if run is None:
         run = lambda: _run(system, integrator, q0, v0, t0, dt, U,  # noqa: E731
-                           n_steps // save_every, save_every, dense)
+                           n_steps // save_every, save_every, dense, adjoint)
     sol = run()
     if throw:
         ok = sol.stats.converged

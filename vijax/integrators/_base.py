@@ -83,6 +83,14 @@ class AbstractIntegrator(eqx.Module):
     def name(self) -> str:
         return type(self).__name__
 
+    @property
+    def symmetric(self) -> bool:
+        """Whether the method is symmetric (time reversible): its step with ``-h`` inverts its
+        step with ``h`` (Hairer, Lubich & Wanner (2006), §V.1), which
+        ``simulate(..., adjoint="reversible")`` relies on.  ``False`` unless the family
+        says otherwise."""
+        return False
+
     @classmethod
     def presets(cls) -> list[tuple[str, "AbstractIntegrator"]]:
         """The named presets of this family, as ``(constructor call, integrator)`` pairs."""

@@ -113,6 +113,17 @@ class AbstractPRK(AbstractDenseIntegrator):
     def stages(self) -> int:
         return self.tableau.q.stages
 
+    @property
+    def symmetric(self) -> bool:
+        """Both tableaus symmetric, ``a_ij + a_{s+1-i, s+1-j} = b_j`` and
+        ``b_j = b_{s+1-j}`` (Gauss, Lobatto IIIA--IIIB; Hairer, Lubich & Wanner (2006),
+        Thm V.2.3)."""
+        def sym(t):
+            a, b = np.asarray(t.a, float), np.asarray(t.b, float)
+            return (np.allclose(a + a[::-1, ::-1], b[None, :], atol=1e-12)
+                    and np.allclose(b, b[::-1], atol=1e-12))
+        return sym(self.tableau.q) and sym(self.tableau.p)
+
     def force_nodes(self) -> np.ndarray:
         """The stage nodes ``c_i`` of the ``q``-tableau: the stage forces act at
         ``(t_k + c_i h, Q^i, V^i)``."""

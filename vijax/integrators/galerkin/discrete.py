@@ -362,6 +362,13 @@ class GalerkinVI(AbstractDenseIntegrator):
         ``2 h e_1`` (``h e_1`` at the first step), and the raw momentum lags one step."""
         return self.mode == "paper" and self._lobatto_g and isinstance(system, HolonomicSystem)
 
+    @property
+    def symmetric(self) -> bool:
+        """The projected mode with Lobatto constraint nodes is time reversible on ``(q, p)``
+        (its quadratures and control points are symmetric; tested in
+        ``tests/test_galerkin.py``); the paper mode is a two-step scheme."""
+        return self.mode == "projected" and self._lobatto_g
+
     def force_nodes(self) -> np.ndarray:
         """The nodes ``c_i`` of the Lagrangian quadrature."""
         return np.asarray(self._rules()["c"], dtype=np.float64)
