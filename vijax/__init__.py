@@ -11,7 +11,7 @@ structure checks and order estimates in :mod:`vijax.diagnostics`, batched ensemb
 :func:`vijax.simulate_ensemble`.
 """
 
-from . import (constraints, diagnostics, integrators, interpolation, lie, quadrature, solvers,
+from . import (constraints, control, diagnostics, integrators, interpolation, lie, quadrature, solvers,
                systems, tableaus)
 from .integrators import (CGVI, DGVI, VPRK, AbstractDenseIntegrator, AbstractIntegrator,
                           AbstractState, GalerkinState, GalerkinVI, HolonomicState, HolonomicVPRK,
@@ -30,6 +30,6 @@ __all__ = [
     "AbstractIntegrator", "AbstractDenseIntegrator", "AbstractState", "IncompatibleSystemError",
     "VPRK", "VPRKState", "HolonomicVPRK", "HolonomicState", "GalerkinVI", "GalerkinState",
     "DGVI", "CGVI", "ConvergenceError",
-    "tableaus", "quadrature", "interpolation", "lie", "constraints", "solvers", "systems",
+    "tableaus", "quadrature", "interpolation", "lie", "constraints", "solvers", "systems", "control",
     "integrators", "diagnostics",
 ]

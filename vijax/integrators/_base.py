@@ -150,6 +150,12 @@ class AbstractIntegrator(eqx.Module):
         (held) or ``(len(force_nodes()), c)`` (one per force node); ``None`` without
         controls."""
 
+    def force_weights(self) -> np.ndarray:
+        """The quadrature weights (summing to 1) that go with :meth:`force_nodes`: a cost on
+        the controls integrated with them is consistent with the method's forcing
+        (:class:`vijax.control.OptimalControl`)."""
+        raise NotImplementedError(f"{self.name} does not declare force_weights().")
+
     @abc.abstractmethod
     def force_nodes(self) -> np.ndarray:
         """The times, as fractions of the step, at which a step evaluates the force of a

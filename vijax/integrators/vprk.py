@@ -129,6 +129,10 @@ class AbstractPRK(AbstractDenseIntegrator):
         ``(t_k + c_i h, Q^i, V^i)``."""
         return np.asarray(self.tableau.q.c, dtype=np.float64)
 
+    def force_weights(self) -> np.ndarray:
+        """The weights ``b_i`` of the ``q``-tableau."""
+        return np.asarray(self.tableau.q.b, dtype=np.float64)
+
     def _force(self, system, state, h, u):
         """The stage-force function of the step (``None`` for an unforced system)."""
         return stage_force(system, state.t, h, self.force_nodes(), u)

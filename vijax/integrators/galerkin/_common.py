@@ -122,6 +122,9 @@ class AbstractContinuousTimeVI(AbstractDenseIntegrator):
         """The nodes of the (potential) quadrature rule."""
         return np.asarray(self.quadrature.nodes, dtype=np.float64)
 
+    def force_weights(self) -> np.ndarray:
+        return np.asarray(self.quadrature.weights, dtype=np.float64)
+
     def _force(self, system, state, h, u):
         return stage_force(system, state.t, h, self.force_nodes(), u)
 

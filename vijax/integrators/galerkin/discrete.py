@@ -373,6 +373,10 @@ class GalerkinVI(AbstractDenseIntegrator):
         """The nodes ``c_i`` of the Lagrangian quadrature."""
         return np.asarray(self._rules()["c"], dtype=np.float64)
 
+    def force_weights(self) -> np.ndarray:
+        """The weights ``b_i`` of the Lagrangian quadrature."""
+        return np.asarray(self._rules()["b"], dtype=np.float64)
+
     def _equations(self, system, state, h, X, G0=None, force=None):
         """Residuals of our one-step form of eqs. (22) of Wenger et al. (2017) (scaled to O(1)
         blocks) and the next incoming momentum.
