@@ -26,6 +26,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jaxtyping import Array, PyTree
 
 from .integrators import AbstractIntegrator
@@ -174,8 +175,6 @@ def solve(problem: OptimalControl, params: Optional[PyTree] = None, *, optimizer
     initial_guess`) with an :mod:`optax` optimiser (default :func:`optax.lbfgs` with its zoom
     line search); returns the parameters and the objective at every iteration.  The whole
     iteration is one compiled :func:`jax.lax.scan`."""
-    import optax
-
     params = problem.initial_guess() if params is None else params
     optimizer = optax.lbfgs() if optimizer is None else optimizer
     extra = isinstance(optimizer, optax.GradientTransformationExtraArgs)
