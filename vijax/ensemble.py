@@ -7,15 +7,24 @@ takes the same steps: under ``vmap`` the stage solver's loop runs until the slow
 a chunk has converged (the others are masked), which costs little because the stage loop
 starts with the solver's ``min_steps`` straight-line updates and a good predictor leaves one
 or two more iterations at most (``benchmarks/ensemble.py`` measures this).
+
+On several devices (``devices=``) the members are sharded over a mesh axis named
+``"members"`` and each device runs the same batched program on its own block under
+:func:`jax.shard_map`.  The blocks do not communicate: a device's stage loops wait only for
+its own members.  (Left to the partitioner, a ``jax.jit`` of the vmapped run over sharded
+inputs reduces every stage loop's convergence test over all devices, and a failing
+``throw=True`` check on one device leaves the others waiting in a collective.)
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional, Union
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ._typing import ScalarLike
 from .integrators import AbstractIntegrator
@@ -23,6 +32,12 @@ from .simulate import Solution, simulate
 from .systems import LagrangianSystem
 
 __all__ = ["simulate_ensemble"]
+
+_AXIS = "members"  # the mesh axis the member axis is sharded over
+
+_DEVICES = (f'devices must be None (one device), "all" (every local device), a list of jax '
+            f'devices (e.g. jax.local_devices()[:4]) or a jax.sharding.Mesh with an axis named '
+            f'"{_AXIS}" (e.g. jax.sharding.Mesh(jax.devices(), ("{_AXIS}",)))')
 
 
 def simulate_ensemble(
@@ -40,6 +55,8 @@ def simulate_ensemble(
     throw: bool = True,
     project: bool = False,
     controls=None,
+    system_axes: Any = None,
+    devices: Union[None, str, list, tuple, Mesh] = None,
 ) -> Solution:
     """:func:`vijax.simulate` for every row of ``q0`` (shape ``(members, n)``) with the rows
     of ``v0`` or ``p0``; returns one :class:`~vijax.Solution` whose arrays have a leading
@@ -51,16 +68,32 @@ def simulate_ensemble(
     are returned, so choose ``save_every`` for the memory they take:
     ``members * (n_steps / save_every + 1) * (3 n + stage data) * 8`` bytes in float64.
 
+    ``system_axes`` makes an ensemble over system parameters, like ``in_axes`` of
+    :func:`jax.vmap` for the system: ``None`` (default) shares the system among the members;
+    ``0`` gives every array field of the system a leading member axis (Python floats stay
+    shared), e.g. ``eqx.tree_at(lambda s: s.l1, system, lengths)`` with ``lengths`` of shape
+    ``(members,)``; a pytree prefix of the system with ``0`` or ``None`` at its leaves
+    (``DoublePendulum(m1=None, m2=None, l1=0, l2=None, g=None)``) chooses field by field.
+
+    ``devices`` spreads the members over several devices: ``None`` (default) runs on the
+    default device; ``"all"`` on every local device (:func:`jax.local_devices`); a list of
+    devices on those; a :class:`jax.sharding.Mesh` along its axis named ``"members"`` (other
+    axes, if any, hold copies).  Each device runs its block of members without communicating
+    with the others, in chunks of ``batch_size`` (which then bounds the working memory per
+    device).  The members are padded to a multiple of the device count with copies of the
+    last member, dropped from the result.  The result's arrays are sharded along the member
+    axis (``NamedSharding(mesh, PartitionSpec("members"))``) when the member count is a
+    multiple of the device count; otherwise they are gathered on every device, as a
+    :class:`jax.Array` is sharded in equal blocks only.
+
     The call compiles once per static configuration (system and integrator types, shapes,
-    ``n_steps``, ``save_every``, ``batch_size``); ``dt``, ``t0``, the initial states and
-    array-valued system parameters are traced, so new values reuse the compilation.  With
-    ``throw=True`` a stage solve that fails in any member raises (a runtime error of the
-    compiled call); with ``throw=False`` each member's ``sol.stats`` records it.
-    ``controls`` (a :class:`vijax.ForcedSystem` with controls) are shared by every member, in
-    any form :func:`vijax.simulate` takes; for controls that differ per member, ``jax.vmap``
-    :func:`vijax.simulate` over them.  For an
-    ensemble over system parameters, ``jax.vmap`` :func:`vijax.simulate` over the system
-    directly.
+    ``n_steps``, ``save_every``, ``batch_size``, ``system_axes``, the devices); ``dt``,
+    ``t0``, the initial states and array-valued system parameters are traced, so new values
+    reuse the compilation.  With ``throw=True`` a stage solve that fails in any member raises
+    (a runtime error of the compiled call); with ``throw=False`` each member's ``sol.stats``
+    records it.  ``controls`` (a :class:`vijax.ForcedSystem` with controls) are shared by
+    every member, in any form :func:`vijax.simulate` takes; for controls that differ per
+    member, ``jax.vmap`` :func:`vijax.simulate` over them.
     """
     if (v0 is None) == (p0 is None):
         raise ValueError("Give exactly one of v0 (initial velocities) and p0 (initial momenta), "
@@ -78,20 +111,116 @@ def simulate_ensemble(
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size must be a positive int (members per chunk), got "
                          f"{batch_size!r}.")
-    dtype = q0.dtype
-    return _run(system, integrator, q0, x0, jnp.asarray(dt, dtype), jnp.asarray(t0, dtype),
-                name, n_steps, save_every, batch_size, throw, project, controls)
+    count = q0.shape[0]
+    params, system = _split_system(system, system_axes, count)
+    members = (params, q0, x0)
+    shared = (system, integrator, jnp.asarray(dt, q0.dtype), jnp.asarray(t0, q0.dtype),
+              controls)
+    mesh = _mesh(devices)
+    if mesh is not None:
+        members, shared = _place(members, shared, mesh)
+    sol = _run(members, shared, mesh, name, n_steps, save_every, batch_size, throw, project)
+    if sol.q.shape[0] != count:
+        sol = _unpad(sol, count, mesh)
+    return sol
+
+
+def _split_system(system, system_axes, count: int):
+    """``(params, rest)``: the array fields of the system that carry a member axis and the
+    rest of it (:func:`equinox.partition`; ``params`` is ``None`` without ``system_axes``)."""
+    if system_axes is None:
+        return None, system
+    for axis in jax.tree.leaves(system_axes, is_leaf=lambda x: x is None):
+        if not (axis is None or (type(axis) is int and axis == 0)):
+            raise ValueError(f"system_axes takes 0 (the field carries a leading member axis) "
+                             f"or None (shared by the members) at its leaves, got {axis!r}.")
+    try:
+        spec = jax.tree.map(lambda axis, sub: jax.tree.map(
+            lambda x: axis == 0 and eqx.is_array(x), sub),
+            system_axes, system, is_leaf=lambda x: x is None)
+    except ValueError as e:
+        raise ValueError(f"system_axes must be None, 0 or a pytree prefix of the system with 0 "
+                         f"or None at its leaves (as jax.vmap's in_axes); it does not match "
+                         f"{type(system).__name__}: {e}") from None
+    params, rest = eqx.partition(system, spec)
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    if not leaves:
+        raise ValueError(f"system_axes={system_axes!r} selects no array field of "
+                         f"{type(system).__name__}; a parameter that varies between members "
+                         f"must be an array with a leading member axis, e.g. "
+                         f"eqx.tree_at(lambda s: s.field, system, values) with values of "
+                         f"shape ({count},).")
+    for path, leaf in leaves:
+        if leaf.ndim == 0 or leaf.shape[0] != count:
+            raise ValueError(f"{type(system).__name__}{jax.tree_util.keystr(path)} has shape "
+                             f"{leaf.shape}, but system_axes gives it a leading member axis: "
+                             f"its first axis must have length {count}, the rows of q0.")
+    return params, rest
+
+
+def _mesh(devices) -> Optional[Mesh]:
+    """The mesh whose ``"members"`` axis the members are sharded over, or ``None``."""
+    if devices is None:
+        return None
+    if isinstance(devices, Mesh):
+        if _AXIS not in devices.axis_names:
+            raise ValueError(f"{_DEVICES}; got a mesh with axes {devices.axis_names}.")
+        return devices
+    if isinstance(devices, str):
+        if devices != "all":
+            raise ValueError(f"{_DEVICES}; got {devices!r}.")
+        devices = jax.local_devices()
+    if not isinstance(devices, (list, tuple)) or not devices or not all(
+            isinstance(d, jax.Device) for d in devices):
+        raise TypeError(f"{_DEVICES}; got {devices!r}.")
+    if len(set(devices)) != len(devices):
+        raise ValueError(f"{_DEVICES}; got a list that names a device more than once: "
+                         f"{devices!r}.")
+    return Mesh(np.asarray(devices), (_AXIS,))
+
+
+def _place(members, shared, mesh: Mesh):
+    """The members padded to a multiple of the devices along the mesh's ``"members"`` axis,
+    with copies of the last member (valid input, failing only if that member fails), and
+    sharded along it; the arrays they share, replicated."""
+    pad = -members[1].shape[0] % mesh.shape[_AXIS]
+    if pad:
+        members = jax.tree.map(
+            lambda x: jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)]), members)
+    arrays, static = eqx.partition(shared, eqx.is_array)
+    members, arrays = jax.device_put((members, arrays), (
+        NamedSharding(mesh, PartitionSpec(_AXIS)), NamedSharding(mesh, PartitionSpec())))
+    return members, eqx.combine(arrays, static)
 
 
 @eqx.filter_jit
-def _run(system, integrator, q0, x0, dt, t0, name, n_steps, save_every, batch_size, throw,
-         project, controls):
-    def one(qx):
-        q, x = qx
-        return simulate(system, integrator, q0=q, dt=dt, t0=t0, n_steps=n_steps,
-                        save_every=save_every, throw=throw, project=project,
-                        controls=controls, **{name: x})
+def _unpad(sol, count: int, mesh: Mesh):
+    """The first ``count`` members, gathered on every device (not a multiple of them)."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return jax.tree.map(lambda x: jax.sharding.reshard(x, replicated)[:count], sol)
 
-    if batch_size is None or batch_size >= q0.shape[0]:
-        return jax.vmap(one)((q0, x0))
-    return jax.lax.map(one, (q0, x0), batch_size=batch_size)
+
+@eqx.filter_jit
+def _run(members, shared, mesh, name, n_steps, save_every, batch_size, throw, project):
+    def block(members, shared):
+        """The members of one device (all of them without a mesh)."""
+        system, integrator, dt, t0, controls = shared
+
+        def one(member):
+            params, q, x = member
+            return simulate(eqx.combine(params, system), integrator, q0=q, dt=dt, t0=t0,
+                            n_steps=n_steps, save_every=save_every, throw=throw,
+                            project=project, controls=controls, **{name: x})
+
+        if batch_size is None or batch_size >= members[1].shape[0]:
+            return jax.vmap(one)(members)
+        return jax.lax.map(one, members, batch_size=batch_size)
+
+    if mesh is None:
+        return block(members, shared)
+    arrays, static = eqx.partition(shared, eqx.is_array)
+    # check_vma=False: the blocks never communicate, so there is nothing for the check to
+    # find, and the solvers' loops and conds would need pvary annotations to pass it
+    return jax.shard_map(lambda m, a: block(m, eqx.combine(a, static)), mesh=mesh,
+                         in_specs=(PartitionSpec(_AXIS), PartitionSpec()),
+                         out_specs=PartitionSpec(_AXIS), check_vma=False)(members, arrays)
