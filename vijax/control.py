@@ -120,9 +120,14 @@ class OptimalControl(eqx.Module):
 
     # -- the objective ---------------------------------------------------------------------------
     def _segment(self, q0, v0, U, t0, project):
-        return simulate(self.system, self.integrator, q0=q0, v0=v0, dt=self.dt,
-                        n_steps=U.shape[0], save_every=U.shape[0], t0=t0, controls=U,
-                        project=project, adjoint=self.adjoint)
+        """The end state of a segment, NaN where a stage solve failed: the objective is then
+        NaN, which a line search (optax's zoom line search) treats as a failed trial step
+        instead of an error that ends the optimisation."""
+        sol = simulate(self.system, self.integrator, q0=q0, v0=v0, dt=self.dt,
+                       n_steps=U.shape[0], save_every=U.shape[0], t0=t0, controls=U,
+                       project=project, adjoint=self.adjoint, throw=False)
+        nan = jnp.where(jnp.all(sol.stats.converged), 0.0, jnp.nan).astype(sol.q.dtype)
+        return sol.q[-1] + nan, sol.v[-1] + nan
 
     def trajectory(self, params: dict, save_every: int = 1) -> Solution:
         """The single-shooting trajectory of the controls ``params["U"]`` from ``(q0, v0)``."""
@@ -142,17 +147,15 @@ class OptimalControl(eqx.Module):
             running = h * jnp.sum(w[None, :] * jax.vmap(jax.vmap(self.running_cost))(t, U))
         m = self.n_steps // self.segments
         if self.segments == 1:
-            sol = self._segment(self.q0, self.v0, U, 0.0, False)
-            qN, vN = sol.q[-1], sol.v[-1]
+            qN, vN = self._segment(self.q0, self.v0, U, 0.0, False)
             defects = jnp.zeros((), U.dtype)
         else:
             q_starts = jnp.concatenate([self.q0[None, :], params["q"]])
             v_starts = jnp.concatenate([self.v0[None, :], params["v"]])
             t_starts = h * m * jnp.arange(self.segments, dtype=U.dtype)
             project = isinstance(self.system, HolonomicSystem)
-            ends = jax.vmap(lambda q, v, u, t: self._segment(q, v, u, t, project))(
+            q_end, v_end = jax.vmap(lambda q, v, u, t: self._segment(q, v, u, t, project))(
                 q_starts, v_starts, U.reshape((self.segments, m) + U.shape[1:]), t_starts)
-            q_end, v_end = ends.q[:, -1], ends.v[:, -1]
             defects = self.defect_weight * (jnp.sum((q_end[:-1] - params["q"]) ** 2)
                                             + jnp.sum((v_end[:-1] - params["v"]) ** 2))
             qN, vN = q_end[-1], v_end[-1]
@@ -174,23 +177,37 @@ def solve(problem: OptimalControl, params: Optional[PyTree] = None, *, optimizer
     """Minimise ``problem.objective`` from ``params`` (default :meth:`~OptimalControl.
     initial_guess`) with an :mod:`optax` optimiser (default :func:`optax.lbfgs` with its zoom
     line search); returns the parameters and the objective at every iteration.  The whole
-    iteration is one compiled :func:`jax.lax.scan`."""
+    iteration is one compiled :func:`jax.lax.scan`, compiled once per problem structure and
+    optimiser (pass the same optimiser object to reuse the compilation).  optax's L-BFGS mixes
+    integer widths, so the run uses JAX's standard dtype promotion whatever the global
+    setting."""
     params = problem.initial_guess() if params is None else params
-    optimizer = optax.lbfgs() if optimizer is None else optimizer
+    optimizer = _default_optimizer() if optimizer is None else optimizer
+    with jax.numpy_dtype_promotion("standard"):
+        params, values = _solve(problem, params, optimizer, steps)
+    return params, np.asarray(values)
+
+
+_DEFAULT_OPTIMIZER = []
+
+
+def _default_optimizer():
+    if not _DEFAULT_OPTIMIZER:
+        _DEFAULT_OPTIMIZER.append(optax.lbfgs())
+    return _DEFAULT_OPTIMIZER[0]
+
+
+@eqx.filter_jit
+def _solve(problem, params, optimizer, steps):
     extra = isinstance(optimizer, optax.GradientTransformationExtraArgs)
 
-    @eqx.filter_jit
-    def run(problem, params):
-        def step(carry, _):
-            params, state = carry
-            value, grad = jax.value_and_grad(problem.objective)(params)
-            kwargs = dict(value=value, grad=grad, value_fn=problem.objective) if extra else {}
-            updates, state = optimizer.update(grad, state, params, **kwargs)
-            return (optax.apply_updates(params, updates), state), value
+    def step(carry, _):
+        params, state = carry
+        value, grad = jax.value_and_grad(problem.objective)(params)
+        kwargs = dict(value=value, grad=grad, value_fn=problem.objective) if extra else {}
+        updates, state = optimizer.update(grad, state, params, **kwargs)
+        return (optax.apply_updates(params, updates), state), value
 
-        (params, _), values = jax.lax.scan(step, (params, optimizer.init(params)), None,
-                                           length=steps)
-        return params, values
-
-    params, values = run(problem, params)
-    return params, np.asarray(values)
+    (params, _), values = jax.lax.scan(step, (params, optimizer.init(params)), None,
+                                       length=steps)
+    return params, values
