@@ -53,13 +53,18 @@ def _problem(name):
     return DampedCartesianPendulum(), q0, 0.5 * jnp.array([np.cos(TH), np.sin(TH)])
 
 
+# compile-bound (three gradient programs each): two cases in the default suite, two slow
 CASES = [("VPRK.gauss(2)", vj.VPRK.gauss(2), "double_pendulum", "nodes"),
-         ("VPRK.lobatto(3)", vj.VPRK.lobatto(3), "double_pendulum", "held"),
+         pytest.param("VPRK.lobatto(3)", vj.VPRK.lobatto(3), "double_pendulum", "held",
+                      marks=pytest.mark.slow),
          ("HolonomicVPRK.rattle()", vj.HolonomicVPRK.rattle(), "cartesian_pendulum", None),
-         ("GalerkinVI.gauss(2)", vj.GalerkinVI.gauss(2), "cartesian_pendulum", None)]
+         pytest.param("GalerkinVI.gauss(2)", vj.GalerkinVI.gauss(2), "cartesian_pendulum", None,
+                      marks=pytest.mark.slow)]
 
 
-@pytest.mark.parametrize("name, integ, problem, controls", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("name, integ, problem, controls", CASES,
+                         ids=["VPRK.gauss(2)", "VPRK.lobatto(3)", "HolonomicVPRK.rattle()",
+                              "GalerkinVI.gauss(2)"])
 def test_adjoints_give_the_same_gradient(name, integ, problem, controls):
     system, q0, v0 = _problem(problem)
     k = len(integ.force_nodes())

@@ -17,6 +17,14 @@ def python_blocks(markdown: str, heading: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
 
 
+def run_python(code: str) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter from the repository root; fails the test on an error."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
 def test_minimal_method_family_of_the_concepts_page_runs():
     blocks = python_blocks((ROOT / "docs" / "concepts.md").read_text(), "## Adding a method family")
     assert len(blocks) == 1
@@ -25,9 +33,7 @@ def test_minimal_method_family_of_the_concepts_page_runs():
         "E = vj.diagnostics.energy(vj.systems.Kepler(), sol)\n"
         "assert np.all(np.isfinite(sol.q)) and float(np.max(np.abs(E - E[0]))) < 1e-2\n"
         "assert [c for c, _ in vj.integrators.registry()][-1] == 'SymplecticEuler()'\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=ROOT, timeout=300)
-    assert out.returncode == 0, out.stderr
+    out = run_python(code)
     # the mismatch message names the methods that accept the double pendulum, not this one
     assert "does not accept DoublePendulum" in out.stdout
     assert "VPRK" in out.stdout and "SymplecticEuler" not in out.stdout.split("accept it:")[1]
@@ -42,9 +48,7 @@ def test_forcing_page_example_runs():
         "\nimport numpy as np\n"
         "assert sol.q.shape == (101, 1) and U.shape == (100, 2, 1)\n"
         "assert np.all(np.isfinite(dU)) and float(np.max(np.abs(dU))) > 0\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=ROOT, timeout=300)
-    assert out.returncode == 0, out.stderr
+    run_python(code)
 
 
 @pytest.mark.slow
@@ -52,6 +56,4 @@ def test_readme_quick_start_runs():
     """The README's quick start, as a user pastes it (a fresh process; 26 s, hence slow)."""
     blocks = python_blocks((ROOT / "README.md").read_text(), "## Quick start")
     assert len(blocks) == 1
-    out = subprocess.run([sys.executable, "-c", blocks[0] + "\nassert ens.q.shape == (1024, 2, 1)\n"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert out.returncode == 0, out.stderr
+    run_python(blocks[0] + "\nassert ens.q.shape == (1024, 2, 1)\n")
