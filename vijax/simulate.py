@@ -768,6 +768,8 @@ def _controls(system, integrator, controls, n_steps: int, q0, t0, dt):
     """The controls as an array ``(n_steps, c)`` or ``(n_steps, k, c)`` (a callable sampled at
     the force nodes), or ``None``; shapes checked against the system and the method."""
     c = system.control_dim if isinstance(system, ForcedSystem) else 0
+    if controls is None and not c:
+        return None  # (every direct call passes here: no work for runs without controls)
     name = type(system).__name__
     nodes = np.asarray(integrator.force_nodes())
     k = len(nodes)

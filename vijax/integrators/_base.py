@@ -22,6 +22,7 @@ from .._typing import DenseLayout, ScalarLike, Stages, Vector
 from ..interpolation import DenseInterpolation
 from ..solvers import SolverStats
 from ..systems import LagrangianSystem, capabilities
+from ._forcing import stage_force
 
 __all__ = ["AbstractIntegrator", "AbstractDenseIntegrator", "AbstractState",
            "IncompatibleSystemError", "registry", "accepting"]
@@ -161,6 +162,11 @@ class AbstractIntegrator(eqx.Module):
         """The times, as fractions of the step, at which a step evaluates the force of a
         :class:`vijax.ForcedSystem` (its stage or quadrature nodes): stage controls give one
         control per node."""
+
+    def _force(self, system, state: AbstractState, h: ScalarLike, u):
+        """The step's force at the force nodes, ``(Q, V) -> F`` (``None`` for an unforced
+        system): :func:`vijax.integrators.stage_force` at :meth:`force_nodes`."""
+        return stage_force(system, state.t, h, self.force_nodes(), u)
 
     @abc.abstractmethod
     def velocity(self, system: LagrangianSystem, state: AbstractState) -> Vector:

@@ -32,10 +32,5 @@ def stage_force(system, t, h, nodes: np.ndarray, u
         return None
     ts = t + h * jnp.asarray(nodes, jnp.result_type(t, h))
     U = stage_controls(u, len(nodes))
-
-    def force(Q, V):
-        if U is None:
-            return jax.vmap(lambda ti, qi, vi: system.force(ti, qi, vi, None))(ts, Q, V)
-        return jax.vmap(system.force)(ts, Q, V, U)
-
-    return force
+    batched = jax.vmap(system.force, in_axes=(0, 0, 0, None if U is None else 0))
+    return lambda Q, V: batched(ts, Q, V, U)

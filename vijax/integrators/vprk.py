@@ -40,7 +40,6 @@ from ..quadrature import (
 from ..solvers import AbstractRootSolver, FixedPoint, SolverStats
 from ..systems import ForcedSystem, LagrangianSystem, MechanicalSystem
 from ._base import AbstractDenseIntegrator, AbstractIntegrator, AbstractState
-from ._forcing import stage_force
 
 __all__ = ["AbstractPRK", "VPRK", "VPRKState", "stage_values"]
 
@@ -132,10 +131,6 @@ class AbstractPRK(AbstractDenseIntegrator):
     def force_weights(self) -> np.ndarray:
         """The weights ``b_i`` of the ``q``-tableau."""
         return np.asarray(self.tableau.q.b, dtype=np.float64)
-
-    def _force(self, system, state, h, u):
-        """The stage-force function of the step (``None`` for an unforced system)."""
-        return stage_force(system, state.t, h, self.force_nodes(), u)
 
     def _coefficients(self, dtype):
         """``(a, â, b)`` cast to the working dtype (constants in compiled code)."""

@@ -17,7 +17,6 @@ from ...quadrature import PolynomialBasis, Quadrature, as_quadrature, lagrange_b
 from ...solvers import AbstractRootSolver, Newton
 from ...systems import ForcedSystem, LagrangianSystem, MechanicalSystem
 from .._base import AbstractDenseIntegrator, AbstractState
-from .._forcing import stage_force
 
 __all__ = ["check_int", "step_ratio", "extrapolation", "hamiltonian", "quad_sum",
            "AbstractContinuousTimeVI"]
@@ -124,9 +123,6 @@ class AbstractContinuousTimeVI(AbstractDenseIntegrator):
 
     def force_weights(self) -> np.ndarray:
         return np.asarray(self.quadrature.weights, dtype=np.float64)
-
-    def _force(self, system, state, h, u):
-        return stage_force(system, state.t, h, self.force_nodes(), u)
 
     def _virtual_work(self, force, system, Q, P, h):
         """``∂/∂η_q`` of the virtual work ``∫ F·δq̃ dt`` with the quadrature rule of ``∫ H``:

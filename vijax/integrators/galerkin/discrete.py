@@ -59,7 +59,6 @@ from ...quadrature import (
 from ...solvers import AbstractRootSolver, SolverStats
 from ...systems import ForcedSystem, HolonomicSystem, LagrangianSystem
 from .._base import AbstractDenseIntegrator, AbstractIntegrator, AbstractState
-from .._forcing import stage_force
 
 __all__ = ["GalerkinState", "GalerkinVI"]
 
@@ -394,8 +393,8 @@ class GalerkinVI(AbstractDenseIntegrator):
         Z = jnp.concatenate([jnp.zeros((1, n), dtype), Zs])
         lam = self._node_multipliers(mu, h, m, dtype)
         grad = jax.grad(self.discrete_lagrangian, argnums=2)(system, q0, Z, lam, h)
+        k = self._consts(dtype)
         if force is not None:
-            k = self._consts(dtype)
             F = force(q0[None, :] + h * mm(k["lc"], Z), mm(k["dc"], Z))
             grad = grad + h * mm((k["lc"] * k["b"][:, None]).T, F)
         # Projected mode: a one-step map of (q, p); paper mode: the carried partial momentum.
@@ -403,7 +402,6 @@ class GalerkinVI(AbstractDenseIntegrator):
         r0 = pi_in + grad[0]
         rows = [r0, grad[1:self.s]]
         if constrained:
-            k = self._consts(dtype)
             if self._lobatto_g:
                 if G0 is not None:  # paper mode, after the first step
                     rows[0] = r0 - (1.0 - state.first) * k["e"][0] * (G0.T @ mu[0])
@@ -471,7 +469,7 @@ class GalerkinVI(AbstractDenseIntegrator):
              ) -> tuple[GalerkinState, SolverStats]:
         dtype = state.q.dtype
         k = self._consts(dtype)
-        force = stage_force(system, state.t, h, self.force_nodes(), u)
+        force = self._force(system, state, h, u)
         # Predictor: the previous step's polynomial extrapolated.
         Zprev = state.controls
         Z0 = mm(k["extrap"], Zprev) - Zprev[-1][None, :]
