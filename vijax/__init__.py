@@ -20,13 +20,15 @@ from .interpolation import DenseOutput
 from .simulate import PrecisionWarning, Solution, StepStats, simulate
 from .ensemble import simulate_ensemble
 from .solvers import ConvergenceError
-from .systems import ForcedSystem, HolonomicSystem, LagrangianSystem, MechanicalSystem
+from .systems import (ForcedSystem, HolonomicSystem, LagrangianSystem, MechanicalSystem,
+                      NonholonomicSystem, TimeDependentSystem)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "simulate", "simulate_ensemble", "Solution", "StepStats", "DenseOutput", "PrecisionWarning",
-    "LagrangianSystem", "MechanicalSystem", "HolonomicSystem", "ForcedSystem",
+    "LagrangianSystem", "MechanicalSystem", "HolonomicSystem", "NonholonomicSystem",
+    "ForcedSystem", "TimeDependentSystem",
     "AbstractIntegrator", "AbstractDenseIntegrator", "AbstractState", "IncompatibleSystemError",
     "VPRK", "VPRKState", "HolonomicVPRK", "HolonomicState", "GalerkinVI", "GalerkinState",
     "DGVI", "CGVI", "ConvergenceError",

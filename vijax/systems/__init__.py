@@ -1,14 +1,14 @@
 """Systems: the :class:`LagrangianSystem` base and a catalogue of ready-made systems."""
 
 from ._base import (CAPABILITIES, ForcedSystem, HolonomicSystem, LagrangianSystem, MechanicalSystem,
-                    PointMassSystem, capabilities)
+                    NonholonomicSystem, PointMassSystem, TimeDependentSystem, capabilities)
 from .catalogue import (DoublePendulum, GeneralKepler, HarmonicOscillator, HenonHeiles, Kepler,
                         Pendulum)
 from .constrained import (AbstractCartesianPendulum, CartesianPendulum, DoublePendulum3D, PolarPendulum,
                           SphericalPendulum)
 
 __all__ = ["LagrangianSystem", "MechanicalSystem", "PointMassSystem", "HolonomicSystem",
-           "ForcedSystem",
+           "ForcedSystem", "NonholonomicSystem", "TimeDependentSystem",
            "CAPABILITIES", "capabilities", "AbstractCartesianPendulum", "HarmonicOscillator", "Pendulum",
            "DoublePendulum", "Kepler", "GeneralKepler", "HenonHeiles", "CartesianPendulum",
            "PolarPendulum", "SphericalPendulum", "DoublePendulum3D"]

@@ -7,7 +7,7 @@ Hessian, the energy -- comes from :mod:`jax` autodiff of :meth:`LagrangianSystem
 from __future__ import annotations
 
 import abc
-from typing import ClassVar, Optional
+from typing import ClassVar, Literal, Optional
 
 import equinox as eqx
 import jax
@@ -20,7 +20,8 @@ from ..lie import AbstractLieGroup, Rn
 from ..solvers import Newton
 
 __all__ = ["LagrangianSystem", "MechanicalSystem", "PointMassSystem", "HolonomicSystem",
-           "ForcedSystem", "CAPABILITIES", "capabilities"]
+           "NonholonomicSystem", "ForcedSystem", "TimeDependentSystem", "CAPABILITIES",
+           "capabilities"]
 
 
 class LagrangianSystem(eqx.Module):
@@ -44,9 +45,11 @@ class LagrangianSystem(eqx.Module):
     * ``ndim``: the configuration dimension, checked against initial conditions.
 
     Capabilities beyond the Lagrangian are declared by subclassing their base, never by
-    defining an optional method: holonomic constraints by :class:`HolonomicSystem`.  Each
-    integrator declares which of them it accepts (:meth:`vijax.AbstractIntegrator.accepts`);
-    non-conservative forces and controls by :class:`ForcedSystem`.
+    defining an optional method: holonomic constraints by :class:`HolonomicSystem`,
+    nonholonomic ones by :class:`NonholonomicSystem`, non-conservative forces and controls by
+    :class:`ForcedSystem`, an explicitly time-dependent Lagrangian by
+    :class:`TimeDependentSystem`.  Each integrator declares which of them it accepts
+    (:meth:`vijax.AbstractIntegrator.accepts`).
     """
 
     quadratic_in_velocity: ClassVar[bool] = False
@@ -55,6 +58,12 @@ class LagrangianSystem(eqx.Module):
     @abc.abstractmethod
     def lagrangian(self, q: Float[Array, " n"], v: Float[Array, " n"]) -> Float[Array, ""]:
         """The Lagrangian ``L(q, v)`` (a scalar)."""
+
+    def at(self, t: Float[Array, ""]) -> "LagrangianSystem":
+        """The system at time ``t``: itself, since ``L`` does not depend on time
+        (:class:`TimeDependentSystem` sets its clock).  Integrators evaluate every derivative
+        of ``L`` on ``system.at(t)`` at the time of the node."""
+        return self
 
     def group(self, q: Vector) -> "AbstractLieGroup":
         """The configuration space as a Lie group: ``R^n`` for a vector-space system
@@ -135,6 +144,45 @@ class HolonomicSystem(LagrangianSystem):
         return constraints.project_velocity(self, q, v)
 
 
+class NonholonomicSystem(LagrangianSystem):
+    """A system with nonholonomic constraints ``Φ(q, v) = 0``: implement :meth:`nonholonomic`.
+
+    The constraint forces follow the Lagrange--d'Alembert (Chetaev) principle,
+    ``d/dt D2L - D1L = D2Φ(q, v)^T λ`` (Martín de Diego & Sato Martín de Almagro (2022),
+    eqs. (2)--(3)).  Declare how ``Φ`` depends on ``v`` in ``constraint_form``: ``"linear"``
+    (``Φ = A(q) v``), ``"affine"`` (``A(q) v + a(q)``) or ``"nonlinear"`` (the default, the
+    safe choice); methods that need linearity refuse the other forms and say which methods
+    accept them.
+    """
+
+    #: ``"linear"``, ``"affine"`` or ``"nonlinear"`` in ``v``.
+    constraint_form: ClassVar[Literal["linear", "affine", "nonlinear"]] = "nonlinear"
+
+    @abc.abstractmethod
+    def nonholonomic(self, q: Float[Array, " n"], v: Float[Array, " n"]) -> Float[Array, " m"]:
+        """Constraint values ``Φ(q, v)``, shape ``(m,)``, ``m < n`` independent rows
+        (``rank D2Φ = m``)."""
+
+    def constraint_matrix(self, q: Vector, v: Vector) -> Matrix:
+        """``D2Φ(q, v)`` (shape ``(m, n)``; the one-forms ``A(q)`` for linear and affine
+        constraints), by :func:`jax.jacfwd`."""
+        return jax.jacfwd(self.nonholonomic, argnums=1)(q, v)
+
+    def project_velocity(self, q: Vector, v: Vector, *, max_steps: int = 20) -> Vector:
+        """The velocity nearest to ``v`` (in the metric of the velocity Hessian) with
+        ``Φ(q, v) = 0``: ``v <- v - H^{-1} A^T (A H^{-1} A^T)^{-1} Φ(q, v)``, exact in one
+        update for linear and affine constraints, Gauss--Newton otherwise."""
+        v = jnp.asarray(v)
+
+        def update(_, w):
+            A = self.constraint_matrix(q, w)
+            hinv_at = self.inverse_velocity_hessian(q, v) @ A.T
+            return w - hinv_at @ _linalg.solve(A @ hinv_at, self.nonholonomic(q, w))
+
+        n_updates = 1 if self.constraint_form in ("linear", "affine") else max_steps
+        return jax.lax.fori_loop(0, n_updates, update, v)
+
+
 class ForcedSystem(LagrangianSystem):
     """A system with a non-conservative generalised force ``F(t, q, v, u)``: implement
     :meth:`force`.
@@ -157,6 +205,34 @@ class ForcedSystem(LagrangianSystem):
     def force(self, t: Float[Array, ""], q: Float[Array, " n"], v: Float[Array, " n"],
               u: Optional[Float[Array, " c"]]) -> Float[Array, " n"]:
         """The generalised force (shape ``(n,)``, covariant: it is paired with ``δq``)."""
+
+
+class TimeDependentSystem(LagrangianSystem):
+    """An explicitly time-dependent Lagrangian ``L(t, q, v)`` (a driven or rheonomic
+    system): the Lagrangian -- and, for a :class:`MechanicalSystem`, its mass matrix and
+    potential -- read the time as ``self.time``::
+
+        class ShakenPendulum(vj.TimeDependentSystem):   # pivot driven up and down
+            a: float = 0.1
+            omega: float = 20.0
+            def lagrangian(self, q, v):
+                yp_dot = -self.a * self.omega * jnp.sin(self.omega * self.time)
+                yp = self.a * jnp.cos(self.omega * self.time)
+                ...
+
+    Integrators set the clock with :meth:`at` at the time of each stage or quadrature node,
+    so every derivative of ``L`` (momenta, Legendre map, energy) is taken at fixed time, and
+    the discrete Lagrangian ``h Σ b_i L(t_k + c_i h, Q^i, V^i)`` keeps the method's order
+    (Marsden & West (2001), §4.1 on time-dependent systems).  The energy is no longer
+    conserved: ``dE/dt = -∂L/∂t``.
+    """
+
+    #: The time at which the Lagrangian is evaluated (set by :meth:`at`; 0 by default).
+    time: Float[Array, ""] = eqx.field(default=0.0, kw_only=True)
+
+    def at(self, t):
+        """This system with its clock set to ``t``."""
+        return eqx.tree_at(lambda s: s.time, self, t)
 
 
 class MechanicalSystem(LagrangianSystem):
@@ -216,8 +292,9 @@ class PointMassSystem(MechanicalSystem):
 
 
 #: The capability bases a system may declare, in the order tables list them.  A new family
-#: adds its base here (nonholonomic constraints, ...).
-CAPABILITIES: tuple[type, ...] = (HolonomicSystem, ForcedSystem)
+#: adds its base here.
+CAPABILITIES: tuple[type, ...] = (HolonomicSystem, NonholonomicSystem, ForcedSystem,
+                                  TimeDependentSystem)
 
 
 def capabilities(system) -> frozenset:
