@@ -149,7 +149,7 @@ def test_traits():
     assert DGVI(3, Quadrature.rectangle("mid", n=30)).order == 2
     assert CGVI(2).order == 4 and CGVI(1).order == 2
     assert DGVI.symplectic and vj.HolonomicSystem in DGVI.supported and not DGVI.required
-    assert CGVI.symplectic and CGVI.supported == {vj.ForcedSystem}  # forcing, no constraints
+    assert CGVI.symplectic and CGVI.supported == {vj.ForcedSystem, vj.TimeDependentSystem}  # no constraints
     assert DGVI(3).quadrature.size == 6 and CGVI(2).quadrature.size == 4  # defaults 2s, 2r
 
 

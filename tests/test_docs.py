@@ -51,6 +51,19 @@ def test_forcing_page_example_runs():
     run_python(code)
 
 
+def test_time_dependent_example_runs():
+    """The Kapitza pendulum of docs/forcing.md stays upright."""
+    blocks = python_blocks((ROOT / "docs" / "forcing.md").read_text(),
+                           "## Explicitly time-dependent Lagrangians")
+    assert len(blocks) == 1
+    code = ("import jax, jax.numpy as jnp\njax.config.update('jax_enable_x64', True)\n"
+            "import vijax as vj\n" + blocks[0] +
+            "\nimport numpy as np\n"
+            "assert sol.q.shape == (3001, 1)\n"
+            "assert float(np.max(np.abs(sol.q[:, 0] - np.pi))) < 0.3\n")
+    run_python(code)
+
+
 @pytest.mark.slow
 def test_readme_quick_start_runs():
     """The README's quick start, as a user pastes it (a fresh process; 26 s, hence slow)."""

@@ -399,19 +399,29 @@ def test_constrained_forced_order(method):
     integrator = make()
     assert integrator.order == order
     ref = reference("cartesian")
+    # λ of the continuous forced motion from the reference, by hand: dotting
+    # m q'' = -∇V - q λ + F with q (|q| = l = m = 1, q·v = 0) gives λ = |v|² + g cos θ + F·q,
+    # F·q = (A cos ωt + u) sin θ.
+    lam_ref = (ref[:, 1] ** 2 + GRAVITY * np.cos(ref[:, 0])
+               + (DRIVE * np.cos(FREQUENCY * GRID) + control_np(GRID)) * np.sin(ref[:, 0]))
+    system = DrivenCartesianPendulum()
+    lam_of = jax.jit(jax.vmap(lambda t, q, v: vj.constraints.multiplier(
+        system, q, v, system.force(t, q, v, control(t)))))
     q0, v0 = cartesian_state(THETA0, 0.0)
     errors, residual = [], 0.0
     for n in steps:
-        Q, V = advance(DrivenCartesianPendulum(), integrator, q0, v0, n, "stage")  # v = p
+        Q, V = advance(system, integrator, q0, v0, n, "stage")  # v = p
         residual = max(residual, np.max(np.abs(0.5 * (np.sum(Q ** 2, axis=1) - 1.0))))
         rows = grid_rows(n)
         theta = np.arctan2(Q[rows, 0], -Q[rows, 1])
         omega = np.cos(theta) * V[rows, 0] + np.sin(theta) * V[rows, 1]
-        errors.append([np.max(np.abs(theta - ref[:, 0])), np.max(np.abs(omega - ref[:, 1]))])
+        lam = np.asarray(lam_of(jnp.asarray(GRID), jnp.asarray(Q[rows]), jnp.asarray(V[rows])))
+        errors.append([np.max(np.abs(theta - ref[:, 0])), np.max(np.abs(omega - ref[:, 1])),
+                       np.max(np.abs(lam[:, 0] - lam_ref))])
     errors = np.array(errors)
     assert residual <= 1e-12, f"{integrator.name}: constraint residual {residual:.2e}"
     assert np.all(errors[-1] > 1e-12), errors
-    for column, what in ((0, "theta"), (1, "angular velocity")):
+    for column, what in ((0, "theta"), (1, "angular velocity"), (2, "multiplier (70)")):
         p = slope(steps, errors[:, column])
         assert abs(p - order) <= 0.3, (
             f"{integrator.name}: slope in {what} {p:.2f}, expected {order} "

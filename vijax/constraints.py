@@ -159,17 +159,23 @@ def saddle_point_inverse(system: HolonomicSystem, q: Vector, v: Vector, K, B, C,
     return apply
 
 
-def multiplier(system: HolonomicSystem, q: Vector, v: Vector) -> Constraints:
+def multiplier(system: HolonomicSystem, q: Vector, v: Vector,
+               force: Optional[Vector] = None) -> Constraints:
     """The multiplier ``lam(q, v)`` of the continuous equations.
 
     Differentiating ``G(q) v = 0`` twice along the motion gives
     ``(G H^{-1} G^T) lam = G H^{-1} f + G_q(v, v)`` with ``H = d2L/dv2`` and
-    ``f = D1L - (d D2L / dq) v`` (Wenger, Ober-Blöbaum & Leyendecker (2017), eq. (70)).
+    ``f = D1L - (d D2L / dq) v - ∂(D2L)/∂t + F`` (Wenger, Ober-Blöbaum & Leyendecker (2017),
+    eq. (70); ``∂(D2L)/∂t`` for a :class:`vijax.TimeDependentSystem` at its ``time``; ``F``
+    the value of the generalised force of a :class:`vijax.ForcedSystem` at ``(t, q, v, u)``,
+    when given).
     """
     G = constraint_jacobian(system, q)
     hinv = system.inverse_velocity_hessian(q, v)
     mixed = jax.jacfwd(system.momentum, argnums=0)(q, v)
-    f = system.d1_lagrangian(q, v) - mixed @ v
+    f = system.d1_lagrangian(q, v) - mixed @ v - system.momentum_rate(q, v)
+    if force is not None:
+        f = f + force
     gqvv = jax.jvp(lambda x: constraint_jacobian(system, x), (q,), (v,))[1] @ v
     return _linalg.solve(G @ hinv @ G.T, G @ hinv @ f + gqvv)
 

@@ -36,8 +36,9 @@ __all__ = [
 
 
 def energy(system: LagrangianSystem, sol: Solution) -> Times:
-    """Energy ``E(q, v)`` at every saved point of a :class:`~vijax.Solution`."""
-    return jax.vmap(system.energy)(sol.q, sol.v)
+    """Energy ``E(q, v)`` at every saved point of a :class:`~vijax.Solution` (of
+    ``L(t, ·, ·)`` at the saved times for a :class:`vijax.TimeDependentSystem`)."""
+    return jax.vmap(lambda t, q, v: system.at(t).energy(q, v))(sol.t, sol.q, sol.v)
 
 
 def energy_error(system: LagrangianSystem, sol: Solution, relative: bool = False) -> Times:
@@ -200,23 +201,26 @@ def symplecticity_defect(system: LagrangianSystem, integrator: AbstractIntegrato
 def euler_lagrange_rhs(system: LagrangianSystem,
                        ) -> Callable[[Vector, Vector], tuple[Vector, Vector]]:
     """First-order form ``(q, v)' = (v, a)`` of the Euler--Lagrange equations, by autodiff:
-    ``d2L/dv2 a = D1L - (d2L/dv dq) v``, with the system's ``inverse_velocity_hessian`` (closed
-    forms up to 3x3, no LAPACK call).  Used for reference solutions and as the vector field of
-    peer solvers in the benchmarks."""
+    ``d2L/dv2 a = D1L - (d2L/dv dq) v - ∂(D2L)/∂t``, with the system's
+    ``inverse_velocity_hessian`` (closed forms up to 3x3, no LAPACK call).  Used for reference
+    solutions and as the vector field of peer solvers in the benchmarks.  ``rhs(q, v, t=None)``:
+    the time ``t`` is needed (and used) only by a :class:`vijax.TimeDependentSystem`."""
 
-    def rhs(q, v):
-        mixed = jax.jacfwd(system.momentum, argnums=0)(q, v)
-        a = system.inverse_velocity_hessian(q, v) @ (system.d1_lagrangian(q, v) - mixed @ v)
-        return v, a
+    def rhs(q, v, t=None):
+        sys = system if t is None else system.at(t)
+        mixed = jax.jacfwd(sys.momentum, argnums=0)(q, v)
+        f = sys.d1_lagrangian(q, v) - mixed @ v - sys.momentum_rate(q, v)
+        return v, sys.inverse_velocity_hessian(q, v) @ f
 
     return rhs
 
 
 def reference_solution(system: LagrangianSystem, q0: VectorLike, v0: VectorLike, t_final: float,
-                       *, rtol: float = 3e-14,
-                       atol: float = 1e-16) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """High-accuracy ``(q, v, p)`` at ``t_final`` from scipy's DOP853 on the Euler--Lagrange
-    equations (an independent reference for convergence studies; needs ``scipy``).
+                       *, rtol: float = 3e-14, atol: float = 1e-16, t0: float = 0.0,
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """High-accuracy ``(q, v, p)`` at ``t0 + t_final`` from scipy's DOP853 on the
+    Euler--Lagrange equations (an independent reference for convergence studies; needs
+    ``scipy``).
 
     Accurate to about 1e-12 on smooth problems over a few periods (the Kepler orbit with
     e = 0.5 over one period: ~1e-12); use an exact solution where one is known to measure
@@ -227,15 +231,17 @@ def reference_solution(system: LagrangianSystem, q0: VectorLike, v0: VectorLike,
         raise ImportError("reference_solution needs scipy: pip install 'vijax[bench]'") from err
     n = np.asarray(q0).shape[0]
     rhs = euler_lagrange_rhs(system)
-    f = jax.jit(lambda y: jnp.concatenate(rhs(y[:n], y[n:])))
+    f = jax.jit(lambda t, y: jnp.concatenate(rhs(y[:n], y[n:], t)))
     y0 = np.concatenate([np.asarray(q0, np.float64), np.asarray(v0, np.float64)])
-    out = solve_ivp(lambda t, y: np.asarray(f(jnp.asarray(y))), (0.0, float(t_final)), y0,
+    out = solve_ivp(lambda t, y: np.asarray(f(jnp.asarray(t), jnp.asarray(y))),
+                    (float(t0), float(t0) + float(t_final)), y0,
                     method="DOP853", rtol=rtol, atol=atol)
     if not out.success:
         raise RuntimeError(f"reference integration failed: {out.message}")
     y = out.y[:, -1]
     q, v = y[:n], y[n:]
-    p = np.asarray(system.momentum(jnp.asarray(q), jnp.asarray(v)))
+    at_end = system.at(jnp.asarray(float(t0) + float(t_final)))
+    p = np.asarray(at_end.momentum(jnp.asarray(q), jnp.asarray(v)))
     return q, v, p
 
 

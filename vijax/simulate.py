@@ -842,7 +842,7 @@ def _check_values(system, integrator, *, q0, v0, p0, dt, t0, project, controls):
         inputs.refuse(*_finite("p0", x0, "initial momenta"))
         bad, messages, eager, index = _regular(system, inputs.q0, jnp.zeros_like(q0))
         inputs.refuse(bad, messages, eager, index=index)
-        v0 = inputs.system.velocity(inputs.q0, inputs.x0)
+        v0 = inputs.system.at(inputs.t0).velocity(inputs.q0, inputs.x0)
         name = type(system).__name__
         inputs.refuse(
             _nonfinite(v0),

@@ -32,7 +32,7 @@ from .._linalg import mm
 from .._typing import ScalarLike, Vector
 from ..quadrature import lagrange_extrapolation_matrix
 from ..solvers import AbstractRootSolver, SolverStats
-from ..systems import ForcedSystem, HolonomicSystem, LagrangianSystem
+from ..systems import ForcedSystem, HolonomicSystem, LagrangianSystem, TimeDependentSystem
 from ._base import AbstractIntegrator, AbstractState
 from .vprk import VPRK, AbstractPRK, stage_values
 
@@ -85,7 +85,7 @@ class HolonomicVPRK(AbstractPRK):
     solver: AbstractRootSolver
 
     symplectic = True
-    supported = frozenset({HolonomicSystem, ForcedSystem})
+    supported = frozenset({HolonomicSystem, ForcedSystem, TimeDependentSystem})
     required = frozenset({HolonomicSystem})
 
     def __init__(self, tableau, solver: AbstractRootSolver | None = None):
@@ -118,27 +118,29 @@ class HolonomicVPRK(AbstractPRK):
         return cons.check_consistent(system, q0, v0, tol)
 
     def init(self, system: LagrangianSystem, t0: ScalarLike, q0: Vector, v0: Vector) -> HolonomicState:
-        lam0 = cons.multiplier(system, q0, v0)
+        t0 = jnp.asarray(t0, q0.dtype)
+        at_t0 = system.at(t0)
+        lam0 = cons.multiplier(at_t0, q0, v0)
         s = self.stages
         return HolonomicState(
-            t=jnp.asarray(t0, q0.dtype), q=q0, p=system.momentum(q0, v0), v=v0, lam=lam0,
+            t=t0, q=q0, p=at_t0.momentum(q0, v0), v=v0, lam=lam0,
             stages=jnp.broadcast_to(v0, (s,) + v0.shape),
             lams=jnp.broadcast_to(lam0, (s,) + lam0.shape),
         )
 
-    def _residual(self, system, q, p, h, X, force=None):
+    def _residual(self, system, t, q, p, h, X, force=None):
         a, ahat, b = self._coefficients(q.dtype)
         # Unknowns are scaled to O(1) blocks: impulses mu^i = h Lam^i and the constraint rows
         # divided by h, so that the Newton matrix stays well conditioned as h -> 0.
         V, mus, v1 = X
-        Q, D1, D2 = stage_values(system, a, q, h, V, force)
+        Q, D1, D2 = stage_values(system, a, q, h, V, force, self._stage_times(t, h))
         G = jax.vmap(lambda x: cons.constraint_jacobian(system, x))(Q)
         hW = h * D1 - sum(G[:, j, :] * mus[:, j, None] for j in range(mus.shape[1]))
         q1 = q + h * mm(b, V)
         p1 = p + mm(b, hW)
         res = (D2 - (p[None, :] + mm(ahat, hW)),
                jax.vmap(system.holonomic)(Q[1:]) / h,
-               system.momentum(q1, v1) - p1,
+               system.at(t + h).momentum(q1, v1) - p1,
                cons.constraint_jacobian(system, q1) @ v1)
         return res, p1
 
@@ -155,7 +157,7 @@ class HolonomicVPRK(AbstractPRK):
         G = jax.vmap(lambda x: cons.constraint_jacobian(system, x))(Q0)
         C = np.zeros((s, s + 1))
         C[:-1, :s], C[-1, s] = a[1:], 1.0
-        apply = cons.saddle_point_inverse(system, state.q, state.v, np.eye(s + 1),
+        apply = cons.saddle_point_inverse(system.at(state.t), state.q, state.v, np.eye(s + 1),
                                           np.vstack([ahat, b]), C, G,
                                           jnp.concatenate([G[1:], G[-1:]]))
 
@@ -180,7 +182,8 @@ class HolonomicVPRK(AbstractPRK):
         V0 = mm(extrap, state.stages)
         X0 = (V0, h * mm(extrap, state.lams), state.v + V0[-1] - state.stages[-1])
         # p_{k+1} from the last residual evaluation: no evaluation after the solve.
-        X, p1, stats = self.solver.solve(lambda X: self._residual(system, q, p, h, X, force),
+        X, p1, stats = self.solver.solve(lambda X: self._residual(system, state.t, q, p, h, X,
+                                                                  force),
                                          X0, self._precond(system, state, h, X0), has_aux=True)
         V, mus, v1 = X
         q1 = q + h * mm(self._coefficients(q.dtype)[2], V)

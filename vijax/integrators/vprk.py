@@ -16,7 +16,10 @@ Lobatto IIIA--IIIB.
 With a :class:`vijax.ForcedSystem` the discrete Lagrange--d'Alembert principle adds the
 stage forces, ``W^i = D1L(Q^i, V^i) + F(t_k + c_i h, Q^i, V^i, U^i)`` (Ober-Blöbaum, Junge &
 Marsden (2011); the high-order form of Campos, Ober-Blöbaum & Trélat (2015)): the same order,
-the energy balance of the forced system instead of conservation.
+the energy balance of the forced system instead of conservation.  A
+:class:`vijax.TimeDependentSystem` is evaluated at the stage times, ``D1L``, ``D2L`` on
+``L(t_k + c_i h, ·, ·)``: the discrete Lagrangian ``h Σ b_i L(t_k + c_i h, Q^i, V^i)`` of a
+time-dependent system (Marsden & West (2001), Part 4, time-dependent mechanics), again of the tableau's order.
 """
 
 
@@ -38,10 +41,10 @@ from ..quadrature import (
     lobatto_quadrature,
 )
 from ..solvers import AbstractRootSolver, FixedPoint, SolverStats
-from ..systems import ForcedSystem, LagrangianSystem, MechanicalSystem
+from ..systems import ForcedSystem, LagrangianSystem, MechanicalSystem, TimeDependentSystem
 from ._base import AbstractDenseIntegrator, AbstractIntegrator, AbstractState
 
-__all__ = ["AbstractPRK", "VPRK", "VPRKState", "stage_values"]
+__all__ = ["AbstractPRK", "VPRK", "VPRKState", "stage_values", "at_nodes"]
 
 _CONJUGACY_TOL = 1e-12
 
@@ -57,17 +60,27 @@ class VPRKState(AbstractState):
     forces: Float[Array, "s n"]
 
 
-def stage_values(system, a, q, h, V, force=None):
+def stage_values(system, a, q, h, V, force=None, times=None):
     """Stage positions ``Q^i = q + h sum_j a_ij V^j`` and ``(D1L + F, D2L)`` at
     ``(Q^i, V^i)`` (Martín de Diego & Sato Martín de Almagro (2022), eqs. (9) and (13)): the
     part every VPRK variant shares.  ``force`` (from :func:`._forcing.stage_force`) adds the
     stage forces of the discrete Lagrange--d'Alembert principle to ``D1L``: the forced PRK
-    of Ober-Blöbaum, Junge & Marsden (2011), whose order is the tableau's."""
+    of Ober-Blöbaum, Junge & Marsden (2011), whose order is the tableau's.  ``times`` (the
+    stage times ``t_k + c_i h``) evaluates the derivatives of a
+    :class:`vijax.TimeDependentSystem` on ``system.at(t_k + c_i h)``."""
     Q = q[None, :] + h * mm(a, V)
-    D1, D2 = jax.vmap(system.derivatives)(Q, V)
+    D1, D2 = at_nodes(system, times, lambda sys, x, y: sys.derivatives(x, y), Q, V)
     if force is not None:
         D1 = D1 + force(Q, V)
     return Q, D1, D2
+
+
+def at_nodes(system, times, fn, *args):
+    """``fn(system.at(t_i), *args_i)`` over the leading axis (``jax.vmap``); ``times`` may be
+    ``None`` for a system whose Lagrangian does not depend on time."""
+    if times is None:
+        return jax.vmap(lambda *x: fn(system, *x))(*args)
+    return jax.vmap(lambda t, *x: fn(system.at(t), *x))(times, *args)
 
 
 def _as_pair(tableau) -> tb.PartitionedTableau:
@@ -132,6 +145,10 @@ class AbstractPRK(AbstractDenseIntegrator):
         """The weights ``b_i`` of the ``q``-tableau."""
         return np.asarray(self.tableau.q.b, dtype=np.float64)
 
+    def _stage_times(self, t, h):
+        """``t_k + c_i h``: where a :class:`vijax.TimeDependentSystem` is evaluated."""
+        return t + h * jnp.asarray(self.tableau.q.c, t.dtype)
+
     def _coefficients(self, dtype):
         """``(a, â, b)`` cast to the working dtype (constants in compiled code)."""
         q, p = self.tableau.q, self.tableau.p
@@ -165,7 +182,8 @@ class AbstractPRK(AbstractDenseIntegrator):
         dtype = V.dtype
         q = prev.q[None, :] + h * (jnp.asarray(integration_matrix(c, nodes), dtype) @ V)
         v = jnp.asarray(lagrange_extrapolation_matrix(c, nodes), dtype) @ V
-        return {"q": q, "v": v, "p": jax.vmap(system.momentum)(q, v)}
+        times = prev.t + h * jnp.asarray(nodes, dtype)
+        return {"q": q, "v": v, "p": at_nodes(system, times, lambda s, x, y: s.momentum(x, y), q, v)}
 
 
 class VPRK(AbstractPRK):
@@ -196,7 +214,7 @@ class VPRK(AbstractPRK):
     predictor: Literal["extrapolate", "constant"] = eqx.field(static=True)
 
     symplectic = True
-    supported = frozenset({ForcedSystem})
+    supported = frozenset({ForcedSystem, TimeDependentSystem})
 
     def __init__(self, tableau, solver: AbstractRootSolver | None = None,
                  predictor: Literal["extrapolate", "constant"] = "extrapolate"):
@@ -241,10 +259,11 @@ class VPRK(AbstractPRK):
 
     # -- stepping ---------------------------------------------------------------------------
     def init(self, system: LagrangianSystem, t0: ScalarLike, q0: Vector, v0: Vector) -> VPRKState:
-        p0 = system.momentum(q0, v0)
+        t0 = jnp.asarray(t0, q0.dtype)
+        at_t0 = system.at(t0)
         stages = jnp.broadcast_to(v0, (self.stages,) + v0.shape)
-        forces = jnp.broadcast_to(system.d1_lagrangian(q0, v0), (self.stages,) + v0.shape)
-        return VPRKState(t=jnp.asarray(t0, q0.dtype), q=q0, p=p0, stages=stages, forces=forces)
+        forces = jnp.broadcast_to(at_t0.d1_lagrangian(q0, v0), (self.stages,) + v0.shape)
+        return VPRKState(t=t0, q=q0, p=at_t0.momentum(q0, v0), stages=stages, forces=forces)
 
     def _extrapolation(self, dtype):
         """Predictor matrix: previous stages -> this step's stages."""
@@ -258,11 +277,12 @@ class VPRK(AbstractPRK):
         return jnp.asarray(extrap, dtype)
 
     def stage_residual(self, system: LagrangianSystem, q: Vector, p: Vector, h: ScalarLike,
-                       V: Stages, force=None) -> tuple[Stages, Stages]:
+                       V: Stages, force=None, times=None) -> tuple[Stages, Stages]:
         """Residual ``D2L(Q^i, V^i) - P^i`` of eq. (9), and the stage ``W^i`` (with the
-        stage forces, when ``force`` is given)."""
+        stage forces, when ``force`` is given; at the stage ``times`` of a time-dependent
+        Lagrangian)."""
         a, ahat, _ = self._coefficients(q.dtype)
-        _, W, D2 = stage_values(system, a, q, h, V, force)
+        _, W, D2 = stage_values(system, a, q, h, V, force, times)
         return D2 - (p[None, :] + h * mm(ahat, W)), W
 
     def step(self, system: LagrangianSystem, state: VPRKState, h: ScalarLike, u=None
@@ -271,13 +291,14 @@ class VPRK(AbstractPRK):
         a, ahat, b = self._coefficients(q.dtype)
         extrap = self._extrapolation(q.dtype)
         force = self._force(system, state, h, u)
+        times = self._stage_times(state.t, h)
         if isinstance(system, MechanicalSystem) and system.constant_mass:
             # Force form: with a constant mass matrix the stage velocities are a linear
             # function of the stage forces, V^i = M^{-1} (p + h sum_j â_ij W^j), so the
             # unknowns are the W^i and the fixed-point map is W <- D1L(Q(W), V(W)).  The
             # converged W gives p_{k+1} and V (hence q_{k+1}) with no evaluation after the
             # solve.
-            minv = system.inverse_mass_matrix(q)
+            minv = system.at(state.t).inverse_mass_matrix(q)
 
             def velocities(W):
                 return mm(p[None, :] + h * mm(ahat, W), minv.T)
@@ -285,7 +306,7 @@ class VPRK(AbstractPRK):
             def residual(W):
                 V = velocities(W)
                 Q = q[None, :] + h * mm(a, V)
-                D1 = jax.vmap(system.d1_lagrangian)(Q, V)
+                D1 = at_nodes(system, times, lambda sys, x, y: sys.d1_lagrangian(x, y), Q, V)
                 return W - (D1 if force is None else D1 + force(Q, V))
 
             W, stats = self.solver.solve(residual, mm(extrap, state.forces))
@@ -297,20 +318,21 @@ class VPRK(AbstractPRK):
                 # instead of 6.0 updates per step, 17 % less time than a matrix frozen at the
                 # step start).
                 def residual(V):
-                    Q, W, _ = stage_values(system, a, q, h, V, force)
+                    Q, W, _ = stage_values(system, a, q, h, V, force, times)
                     P = p[None, :] + h * mm(ahat, W)
-                    minv_p = jax.vmap(lambda Qi, Pi: system.inverse_mass_matrix(Qi) @ Pi)
-                    return V - minv_p(Q, P), W
+                    minv_p = at_nodes(system, times,
+                                      lambda sys, Qi, Pi: sys.inverse_mass_matrix(Qi) @ Pi, Q, P)
+                    return V - minv_p, W
 
                 precond = None
             else:
                 # Momentum form D2L(Q^i, V^i) - P^i, preconditioned by the velocity Hessian
                 # at the step start, inverted once per step.
                 V0 = mm(extrap, state.stages)
-                minv = system.inverse_velocity_hessian(q, V0[-1])
+                minv = system.at(state.t).inverse_velocity_hessian(q, V0[-1])
 
                 def residual(V):
-                    return self.stage_residual(system, q, p, h, V, force)
+                    return self.stage_residual(system, q, p, h, V, force, times)
 
                 def precond(r):
                     return mm(r, minv.T)
@@ -327,4 +349,4 @@ class VPRK(AbstractPRK):
         c = np.asarray(self.tableau.q.c)
         to_end = jnp.asarray(lagrange_extrapolation_matrix(c, np.ones(1)), state.q.dtype)
         guess = (to_end @ state.stages)[0] if self.predictor == "extrapolate" else state.stages[-1]
-        return system.velocity(state.q, state.p, guess)
+        return system.at(state.t).velocity(state.q, state.p, guess)

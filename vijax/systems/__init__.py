@@ -3,12 +3,12 @@
 from ._base import (CAPABILITIES, ForcedSystem, HolonomicSystem, LagrangianSystem, MechanicalSystem,
                     NonholonomicSystem, PointMassSystem, TimeDependentSystem, capabilities)
 from .catalogue import (DoublePendulum, GeneralKepler, HarmonicOscillator, HenonHeiles, Kepler,
-                        Pendulum)
+                        Pendulum, ShakenPendulum)
 from .constrained import (AbstractCartesianPendulum, CartesianPendulum, DoublePendulum3D, PolarPendulum,
                           SphericalPendulum)
 
 __all__ = ["LagrangianSystem", "MechanicalSystem", "PointMassSystem", "HolonomicSystem",
            "ForcedSystem", "NonholonomicSystem", "TimeDependentSystem",
-           "CAPABILITIES", "capabilities", "AbstractCartesianPendulum", "HarmonicOscillator", "Pendulum",
+           "CAPABILITIES", "capabilities", "AbstractCartesianPendulum", "HarmonicOscillator", "Pendulum", "ShakenPendulum",
            "DoublePendulum", "Kepler", "GeneralKepler", "HenonHeiles", "CartesianPendulum",
            "PolarPendulum", "SphericalPendulum", "DoublePendulum3D"]

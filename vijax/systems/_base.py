@@ -83,6 +83,11 @@ class LagrangianSystem(eqx.Module):
         """``(D1L, D2L)`` in one reverse pass."""
         return jax.grad(self.lagrangian, argnums=(0, 1))(q, v)
 
+    def momentum_rate(self, q: Vector, v: Vector) -> Vector:
+        """``∂(D2L)/∂t`` at fixed ``(q, v)``: zero, since ``L`` does not depend on time
+        (:class:`TimeDependentSystem` differentiates its clock)."""
+        return jnp.zeros_like(v)
+
     def velocity_hessian(self, q: Vector, v: Vector) -> Matrix:
         """``d^2L/dv^2`` (the generalised mass matrix for mechanical Lagrangians)."""
         return jax.jacfwd(self.momentum, argnums=1)(q, v)
@@ -223,7 +228,7 @@ class TimeDependentSystem(LagrangianSystem):
     Integrators set the clock with :meth:`at` at the time of each stage or quadrature node,
     so every derivative of ``L`` (momenta, Legendre map, energy) is taken at fixed time, and
     the discrete Lagrangian ``h Σ b_i L(t_k + c_i h, Q^i, V^i)`` keeps the method's order
-    (Marsden & West (2001), §4.1 on time-dependent systems).  The energy is no longer
+    (Marsden & West (2001), Part 4, time-dependent mechanics).  The energy is no longer
     conserved: ``dE/dt = -∂L/∂t``.
     """
 
@@ -234,6 +239,12 @@ class TimeDependentSystem(LagrangianSystem):
         """This system with its clock set to ``t``."""
         return eqx.tree_at(lambda s: s.time, self, t)
 
+    def momentum_rate(self, q, v):
+        """``∂(D2L)/∂t`` at fixed ``(q, v)`` and the current ``self.time``, by
+        :func:`jax.jvp` in the clock."""
+        t = jnp.asarray(self.time, q.dtype)
+        return jax.jvp(lambda s: self.at(s).momentum(q, v), (t,), (jnp.ones_like(t),))[1]
+
 
 class MechanicalSystem(LagrangianSystem):
     """``L = 1/2 v^T M(q) v - V(q)``: implement :meth:`mass_matrix` and :meth:`potential`.
@@ -243,8 +254,9 @@ class MechanicalSystem(LagrangianSystem):
     """
 
     quadratic_in_velocity: ClassVar[bool] = True
-    #: Declare ``True`` when ``M`` does not depend on ``q`` (VPRK then preconditions its
-    #: stage iteration with one inverse per step instead of one per stage and update).
+    #: Declare ``True`` when ``M`` does not depend on ``q`` (nor, for a
+    #: :class:`TimeDependentSystem`, on time): VPRK then preconditions its stage iteration
+    #: with one inverse per step instead of one per stage and update.
     constant_mass: ClassVar[bool] = False
 
     @abc.abstractmethod

@@ -6,9 +6,10 @@ from typing import ClassVar
 
 import jax.numpy as jnp
 
-from ._base import LagrangianSystem, MechanicalSystem, PointMassSystem
+from ._base import LagrangianSystem, MechanicalSystem, PointMassSystem, TimeDependentSystem
 
-__all__ = ["HarmonicOscillator", "Pendulum", "DoublePendulum", "Kepler", "HenonHeiles"]
+__all__ = ["HarmonicOscillator", "Pendulum", "ShakenPendulum", "DoublePendulum", "Kepler",
+           "HenonHeiles"]
 
 
 class HarmonicOscillator(PointMassSystem):
@@ -34,6 +35,33 @@ class Pendulum(MechanicalSystem):
 
     def potential(self, q):
         return -self.m * self.g * self.l * jnp.cos(q[0])
+
+
+class ShakenPendulum(TimeDependentSystem):
+    """Pendulum whose pivot is driven vertically, ``y_p(t) = a cos(ω t)`` (Kapitza's
+    pendulum): an explicitly time-dependent Lagrangian
+    ``L = 1/2 m (l² v² + ẏ_p² + 2 l ẏ_p v sin q) - m g (y_p - l cos q)``, quadratic in ``v``
+    with a time-dependent linear term.  For ``a ω² ≫ g`` (and ``a ≪ l``) the inverted
+    position ``q = π`` is stable when ``a² ω² > 2 g l``."""
+
+    m: float = 1.0
+    l: float = 1.0  # noqa: E741
+    g: float = 9.81
+    a: float = 0.1
+    omega: float = 20.0
+    ndim: ClassVar[int] = 1
+    quadratic_in_velocity: ClassVar[bool] = True
+
+    def pivot(self):
+        """``(y_p, ẏ_p)`` at ``self.time``."""
+        wt = self.omega * self.time
+        return self.a * jnp.cos(wt), -self.a * self.omega * jnp.sin(wt)
+
+    def lagrangian(self, q, v):
+        yp, dyp = self.pivot()
+        th, w = q[0], v[0]
+        kinetic = 0.5 * self.m * (self.l**2 * w**2 + dyp**2 + 2 * self.l * dyp * w * jnp.sin(th))
+        return kinetic - self.m * self.g * (yp - self.l * jnp.cos(th))
 
 
 class DoublePendulum(MechanicalSystem):

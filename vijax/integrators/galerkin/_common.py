@@ -15,8 +15,9 @@ from jaxtyping import Array
 from ..._typing import ScalarLike, Vector
 from ...quadrature import PolynomialBasis, Quadrature, as_quadrature, lagrange_basis
 from ...solvers import AbstractRootSolver, Newton
-from ...systems import ForcedSystem, LagrangianSystem, MechanicalSystem
+from ...systems import ForcedSystem, LagrangianSystem, MechanicalSystem, TimeDependentSystem
 from .._base import AbstractDenseIntegrator, AbstractState
+from ..vprk import at_nodes
 
 __all__ = ["check_int", "step_ratio", "extrapolation", "hamiltonian", "quad_sum",
            "AbstractContinuousTimeVI"]
@@ -45,11 +46,14 @@ def hamiltonian(system, q, p):
     return system.hamiltonian(q, p)
 
 
-def quad_sum(rule: Quadrature, basis_q: PolynomialBasis, basis_p: PolynomialBasis, Q, P, fn, dtype):
-    """``Σ_j w_j fn(q̃(τ_j), p̃(τ_j))`` with basis coefficients ``Q``, ``P``."""
+def quad_sum(rule: Quadrature, basis_q: PolynomialBasis, basis_p: PolynomialBasis, Q, P, fn, dtype,
+             system, t0, h):
+    """``Σ_j w_j fn(system.at(t0 + τ_j h), q̃(τ_j), p̃(τ_j))`` with basis coefficients ``Q``,
+    ``P`` (the clock matters only for a :class:`vijax.TimeDependentSystem`)."""
     Bq = jnp.asarray(basis_q.values(rule.nodes), dtype)
     Bp = jnp.asarray(basis_p.values(rule.nodes), dtype)
-    vals = jax.vmap(fn)(Bq @ Q, Bp @ P)
+    times = t0 + h * jnp.asarray(rule.nodes, dtype)
+    vals = at_nodes(system, times, fn, Bq @ Q, Bp @ P)
     return jnp.asarray(rule.weights, dtype) @ vals
 
 
@@ -68,7 +72,7 @@ class AbstractContinuousTimeVI(AbstractDenseIntegrator):
     solver: AbstractVar[AbstractRootSolver]
 
     symplectic = True
-    supported = frozenset({ForcedSystem})
+    supported = frozenset({ForcedSystem, TimeDependentSystem})
 
     @property
     def system_type(self) -> type:
@@ -101,20 +105,25 @@ class AbstractContinuousTimeVI(AbstractDenseIntegrator):
     def _H_bases(self):
         """Bases of ``q̃`` and ``p̃`` inside ``∫ H dt``."""
 
-    def _H_integral(self, system, Q, P, h):
-        """``∫ H(q̃, p̃) dt`` with the chosen rule(s)."""
+    def _H_integral(self, system, Q, P, h, t0):
+        """``∫ H(t, q̃, p̃) dt`` over ``[t0, t0 + h]`` with the chosen rule(s)."""
         bq, bp = self._H_bases()
         dtype = Q.dtype
         if self.kinetic_quadrature is None:
-            return h * quad_sum(self.quadrature, bq, bp, Q, P,
-                                 lambda q, p: hamiltonian(system, q, p), dtype)
+            return h * quad_sum(self.quadrature, bq, bp, Q, P, hamiltonian, dtype, system, t0, h)
         kin = quad_sum(self.kinetic_quadrature, bq, bp, Q, P,
-                        lambda q, p: 0.5 * p @ (system.inverse_mass_matrix(q) @ p), dtype)
-        pot = quad_sum(self.quadrature, bq, bp, Q, P, lambda q, p: system.potential(q), dtype)
+                       lambda sys, q, p: 0.5 * p @ (sys.inverse_mass_matrix(q) @ p), dtype,
+                       system, t0, h)
+        pot = quad_sum(self.quadrature, bq, bp, Q, P, lambda sys, q, p: sys.potential(q), dtype,
+                       system, t0, h)
         return h * (kin + pot)
 
     def init(self, system: LagrangianSystem, t0: ScalarLike, q0: Vector, v0: Vector) -> AbstractState:
-        return self.init_from_momentum(system, t0, q0, system.momentum(q0, v0))
+        t0 = jnp.asarray(t0, q0.dtype)
+        return self.init_from_momentum(system, t0, q0, system.at(t0).momentum(q0, v0))
+
+    def velocity(self, system: LagrangianSystem, state: AbstractState) -> Vector:
+        return system.at(state.t).velocity(state.q, state.p)
 
     # -- forcing ------------------------------------------------------------------------------
     def force_nodes(self) -> np.ndarray:
@@ -124,7 +133,7 @@ class AbstractContinuousTimeVI(AbstractDenseIntegrator):
     def force_weights(self) -> np.ndarray:
         return np.asarray(self.quadrature.weights, dtype=np.float64)
 
-    def _virtual_work(self, force, system, Q, P, h):
+    def _virtual_work(self, force, system, Q, P, h, t0):
         """``∂/∂η_q`` of the virtual work ``∫ F·δq̃ dt`` with the quadrature rule of ``∫ H``:
         ``h Σ_j w_j φ(τ_j) F_j``, ``F_j`` at ``(q̃(τ_j), ∂H/∂p(q̃, p̃)(τ_j))``.  The
         Lagrange--d'Alembert form of the principle of virtual action (Muehlebach et al. (2016),
@@ -134,5 +143,8 @@ class AbstractContinuousTimeVI(AbstractDenseIntegrator):
         rule, dtype = self.quadrature, Q.dtype
         Bq = jnp.asarray(bq.values(rule.nodes), dtype)
         q = Bq @ Q
-        F = force(q, jax.vmap(system.velocity)(q, jnp.asarray(bp.values(rule.nodes), dtype) @ P))
+        times = t0 + h * jnp.asarray(rule.nodes, dtype)
+        v = at_nodes(system, times, lambda sys, x, y: sys.velocity(x, y), q,
+                     jnp.asarray(bp.values(rule.nodes), dtype) @ P)
+        F = force(q, v)
         return h * (Bq.T @ (jnp.asarray(rule.weights, dtype)[:, None] * F))

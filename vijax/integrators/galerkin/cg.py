@@ -95,7 +95,7 @@ class CGVI(AbstractContinuousTimeVI):
     def _H_bases(self):
         return self._bases()
 
-    def residual(self, system, X, q_i, p_i, h, force=None):
+    def residual(self, system, X, q_i, p_i, h, force=None, t_i=0.0):
         """``(∂G/∂Q, ∂G/∂P)`` for the unknowns ``X = {"Q": Q[1:], "P": P, "p1": p_{i+1}}``
         (minus the virtual work of the force, when given)."""
         bq, bp = self._bases()
@@ -104,12 +104,12 @@ class CGVI(AbstractContinuousTimeVI):
 
         def G(Q, P):
             return (X["p1"] @ Q[-1] - p_i @ Q[0] - jnp.sum(P * (B @ Q))
-                    + self._H_integral(system, Q, P, h))
+                    + self._H_integral(system, Q, P, h, t_i))
 
         Q = jnp.concatenate([q_i[None], X["Q"]])
         dQ, dP = jax.grad(G, argnums=(0, 1))(Q, X["P"])
         if force is not None:
-            dQ = dQ - self._virtual_work(force, system, Q, X["P"], h)
+            dQ = dQ - self._virtual_work(force, system, Q, X["P"], h, t_i)
         return dQ, dP
 
     def init_from_momentum(self, system: LagrangianSystem, t0: ScalarLike, q0: Vector,
@@ -133,7 +133,8 @@ class CGVI(AbstractContinuousTimeVI):
         Ep = extrapolation(bp.nodes, ratio, bp.nodes).astype(dtype)
         e1 = extrapolation(bp.nodes, ratio, np.ones(1)).astype(dtype)[0]
         X0 = {"Q": Eq @ state.Q, "P": Ep @ state.P, "p1": e1 @ state.P}
-        X, stats = self.solver.solve(lambda X: self.residual(system, X, q_i, p_i, h, force), X0)
+        X, stats = self.solver.solve(lambda X: self.residual(system, X, q_i, p_i, h, force, state.t),
+                                     X0)
         Q = jnp.concatenate([q_i[None], X["Q"]])
         P = X["P"]
         psi0 = jnp.asarray(bp.values(0.0)[0], dtype)
@@ -141,9 +142,6 @@ class CGVI(AbstractContinuousTimeVI):
         new = CGState(t=state.t + h, q=Q[-1], p=X["p1"], h=h, Q=Q, P=P,
                       lam=psi0 @ P - p_i, jump_p=psi1 @ P - X["p1"])
         return new, stats
-
-    def velocity(self, system: LagrangianSystem, state: AbstractState) -> Vector:
-        return system.velocity(state.q, state.p)
 
     def interval(self, state: AbstractState, tau: Union[ScalarLike, Times],
                  derivative: bool = False) -> DenseOutput:

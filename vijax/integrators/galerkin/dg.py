@@ -63,7 +63,7 @@ from ..._typing import DenseLayout, ScalarLike, Stages, Times, Vector
 from ...interpolation import DenseOutput
 from ...quadrature import BASES, Quadrature, gauss_basis, gauss_quadrature, mixed_matrix
 from ...solvers import AbstractRootSolver, SolverStats
-from ...systems import ForcedSystem, HolonomicSystem, LagrangianSystem
+from ...systems import ForcedSystem, HolonomicSystem, LagrangianSystem, TimeDependentSystem
 from .._base import AbstractIntegrator, AbstractState
 from ._common import (
     AbstractContinuousTimeVI,
@@ -191,7 +191,7 @@ class DGVI(AbstractContinuousTimeVI):
     m_g: Optional[int] = eqx.field(static=True)
     solver: AbstractRootSolver
 
-    supported = frozenset({HolonomicSystem, ForcedSystem})
+    supported = frozenset({HolonomicSystem, ForcedSystem, TimeDependentSystem})
 
     def __init__(self, s: int = 3, quadrature=None, *, kinetic_quadrature=None,
                  basis: str = "lagrange", m_g: Optional[int] = None,
@@ -236,7 +236,7 @@ class DGVI(AbstractContinuousTimeVI):
         bq, _ = self._bases()
         return bq, bq
 
-    def _generating(self, system, X, q_i, h, constrained):
+    def _generating(self, system, X, q_i, h, constrained, t_i=0.0):
         """Scalar generating functional ``G_i`` (see the class docstring)."""
         bq, bg = self._bases()
         dtype = q_i.dtype
@@ -246,7 +246,7 @@ class DGVI(AbstractContinuousTimeVI):
         B = jnp.asarray(mixed_matrix(bq, bq), dtype)  # ∫ φ_k φ_l'
         q0p, p0p, q1 = phi0 @ Q, phi0 @ P, phi1 @ Q
         G = X["p1"] @ q1 - p0p @ (q0p - q_i) - jnp.sum(P * (B @ Q)) + self._H_integral(
-            system, Q, P, h)
+            system, Q, P, h, t_i)
         if constrained:
             Pg = X["Pg"]
             gphi0 = jnp.asarray(bg.values(0.0)[0], dtype)
@@ -259,7 +259,7 @@ class DGVI(AbstractContinuousTimeVI):
                 - jnp.asarray(rule.weights, dtype) @ jnp.sum((dBg @ Pg) * gvals, axis=-1)
         return G
 
-    def residual(self, system, X, q_i, p_i, h, force=None):
+    def residual(self, system, X, q_i, p_i, h, force=None, t_i=0.0):
         """Step equations ``(∂G/∂η_q, ∂G/∂η_p[, ∂G/∂η_pg], BC)`` for the unknowns ``X`` (a dict
         of basis coefficients ``Q``, ``P`` [, ``Pg``] and ``p1`` = ``p_{i+1}`` or
         ``p_{z,i+1}``); ``p_i`` is the node momentum (``p_{z,i}`` when constrained)."""
@@ -267,11 +267,11 @@ class DGVI(AbstractContinuousTimeVI):
         coeffs = {k: v for k, v in X.items() if k != "p1"}
 
         def G(c):
-            return self._generating(system, dict(c, p1=X["p1"]), q_i, h, constrained)
+            return self._generating(system, dict(c, p1=X["p1"]), q_i, h, constrained, t_i)
 
         grads = jax.grad(G)(coeffs)
         if force is not None:
-            grads["Q"] = grads["Q"] - self._virtual_work(force, system, X["Q"], X["P"], h)
+            grads["Q"] = grads["Q"] - self._virtual_work(force, system, X["Q"], X["P"], h, t_i)
         bq, bg = self._bases()
         phi0 = jnp.asarray(bq.values(0.0)[0], q_i.dtype)
         bc = phi0 @ X["P"] - p_i
@@ -304,7 +304,7 @@ class DGVI(AbstractContinuousTimeVI):
         if not isinstance(system, HolonomicSystem):
             return DGState(p=p0, **common)
         nc = system.holonomic(q0).shape[0]
-        return ConstrainedDGState(p=cons.project_momentum(system, q0, p0), pz=p0,
+        return ConstrainedDGState(p=cons.project_momentum(system.at(t0), q0, p0), pz=p0,
                                   Pg=jnp.zeros((self.mg, nc), dtype), gap=system.holonomic(q0),
                                   **common)
 
@@ -335,7 +335,8 @@ class DGVI(AbstractContinuousTimeVI):
         p_i = state.pz if constrained else state.p
         X0 = self._predictor(state, h, constrained, system)
         force = self._force(system, state, h, u)
-        X, stats = self.solver.solve(lambda X: self.residual(system, X, q_i, p_i, h, force), X0)
+        X, stats = self.solver.solve(
+            lambda X: self.residual(system, X, q_i, p_i, h, force, state.t), X0)
         return self._new_state(system, state, X, h, constrained), stats
 
     def _new_state(self, system, state, X, h, constrained):
@@ -349,11 +350,13 @@ class DGVI(AbstractContinuousTimeVI):
         dphi1 = jnp.asarray(bq.derivs(1.0)[0], dtype) / h
         Tn = jnp.asarray(bq.T, dtype)  # coefficients -> values at the Gauss nodes
         q0p, p0p, q1, p1m = phi0 @ Q, phi0 @ P, phi1 @ Q, phi1 @ P
-        H = functools.partial(hamiltonian, system)
+        def H(q, p, t):
+            return hamiltonian(system.at(t), q, p)
+
         common = dict(t=state.t + h, q=q1, h=h, Q=Tn @ Q, P=Tn @ P, jump_q=q0p - q_i)
         if not constrained:
-            lhs = (dphi1 @ Q) @ (p1 - p1m) + H(q1, p1m)
-            rhs = (dphi0 @ P) @ (q0p - q_i) + H(q0p, p0p)
+            lhs = (dphi1 @ Q) @ (p1 - p1m) + H(q1, p1m, state.t + h)
+            rhs = (dphi0 @ P) @ (q0p - q_i) + H(q0p, p0p, state.t)
             return DGState(p=p1, balance=lhs - rhs, jump_p=p1m - p1, **common)
         Pg = X["Pg"]
         gphi1 = jnp.asarray(bg.values(1.0)[0], dtype)
@@ -361,15 +364,12 @@ class DGVI(AbstractContinuousTimeVI):
         W1 = cons.constraint_jacobian(system, q1).T
         pzm = p1m - W1 @ (gphi1 @ Pg)
         g = system.holonomic
-        lhs = (dphi1 @ Q) @ (p1 - pzm) + H(q1, p1m)
-        rhs = (dphi0 @ P) @ (q0p - q_i) - (dgphi0 @ Pg) @ (g(q0p) - g(q_i)) + H(q0p, p0p)
+        lhs = (dphi1 @ Q) @ (p1 - pzm) + H(q1, p1m, state.t + h)
+        rhs = (dphi0 @ P) @ (q0p - q_i) - (dgphi0 @ Pg) @ (g(q0p) - g(q_i)) + H(q0p, p0p, state.t)
         return ConstrainedDGState(
-            p=cons.project_momentum(system, q1, p1), pz=p1,
+            p=cons.project_momentum(system.at(state.t + h), q1, p1), pz=p1,
             Pg=jnp.asarray(bg.T, dtype) @ Pg, balance=lhs - rhs, jump_p=pzm - p1, gap=g(q1),
             **common)
-
-    def velocity(self, system: LagrangianSystem, state: AbstractState) -> Vector:
-        return system.velocity(state.q, state.p)
 
     # -- dense output -----------------------------------------------------------------------
     def interval(self, state: AbstractState, tau: Union[ScalarLike, Times],

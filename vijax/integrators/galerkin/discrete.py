@@ -57,8 +57,10 @@ from ...quadrature import (
     lobatto_quadrature,
 )
 from ...solvers import AbstractRootSolver, SolverStats
-from ...systems import ForcedSystem, HolonomicSystem, LagrangianSystem
+from ...systems import ForcedSystem, HolonomicSystem, LagrangianSystem, TimeDependentSystem
 from .._base import AbstractDenseIntegrator, AbstractIntegrator, AbstractState
+from .._forcing import end_force
+from ..vprk import at_nodes
 
 __all__ = ["GalerkinState", "GalerkinVI"]
 
@@ -159,7 +161,7 @@ class GalerkinVI(AbstractDenseIntegrator):
     solver: AbstractRootSolver
 
     symplectic = True
-    supported = frozenset({HolonomicSystem, ForcedSystem})
+    supported = frozenset({HolonomicSystem, ForcedSystem, TimeDependentSystem})
 
     def __init__(self, s: int, w: int | None = None, *,
                  quadrature: Literal["gauss", "lobatto"] = "gauss", ordL: int | None = None,
@@ -333,15 +335,17 @@ class GalerkinVI(AbstractDenseIntegrator):
         return self.w if self._lobatto_g else self.w - 1
 
     # -- the discrete augmented Lagrangian -------------------------------------------------------
-    def discrete_lagrangian(self, system, q0, Z, lam, h):
+    def discrete_lagrangian(self, system, q0, Z, lam, h, t0=None):
         """``Lbar_d / h`` of Wenger et al. (2017), eq. (13), at control points
         ``q^nu = q0 + h Z_nu`` (``Z`` of shape ``(s + 1, n)``, ``Z_0 = 0``) and constraint-node
         multipliers ``lam`` (shape ``(z, m)``).  Its gradient in ``Z`` is
-        ``(D_1 .. D_{s+1}) Lbar_d``."""
+        ``(D_1 .. D_{s+1}) Lbar_d``.  ``t0``: the step's start time, at which a
+        :class:`vijax.TimeDependentSystem` is evaluated at the nodes ``t0 + c_i h``."""
         k = self._consts(q0.dtype)
         Q = q0[None, :] + h * mm(k["lc"], Z)
         V = mm(k["dc"], Z)
-        val = mm(k["b"], jax.vmap(system.lagrangian)(Q, V))
+        times = None if t0 is None else t0 + h * k["c"]
+        val = mm(k["b"], at_nodes(system, times, lambda sys, x, y: sys.lagrangian(x, y), Q, V))
         if isinstance(system, HolonomicSystem):
             gq = jax.vmap(system.holonomic)(q0[None, :] + h * mm(k["lf"], Z))
             val = val - jnp.sum(k["e"][:, None] * gq * lam)
@@ -392,7 +396,7 @@ class GalerkinVI(AbstractDenseIntegrator):
         m = mu.shape[-1]
         Z = jnp.concatenate([jnp.zeros((1, n), dtype), Zs])
         lam = self._node_multipliers(mu, h, m, dtype)
-        grad = jax.grad(self.discrete_lagrangian, argnums=2)(system, q0, Z, lam, h)
+        grad = jax.grad(self.discrete_lagrangian, argnums=2)(system, q0, Z, lam, h, state.t)
         k = self._consts(dtype)
         if force is not None:
             F = force(q0[None, :] + h * mm(k["lc"], Z), mm(k["dc"], Z))
@@ -427,7 +431,7 @@ class GalerkinVI(AbstractDenseIntegrator):
         K = K[:s, 1:]
         if not isinstance(system, HolonomicSystem):
             k_inv = jnp.asarray(np.linalg.inv(K), dtype)
-            h_inv = system.inverse_velocity_hessian(state.q, state.v)
+            h_inv = system.at(state.t).inverse_velocity_hessian(state.q, state.v)
             return lambda r: (mm(mm(k_inv, jnp.concatenate([r[0][None], r[1]])), h_inv.T),
                               jnp.zeros_like(X0[1]))
         z = self._n_mults()
@@ -439,7 +443,7 @@ class GalerkinVI(AbstractDenseIntegrator):
         Z0 = jnp.concatenate([jnp.zeros_like(Zs0[:1]), Zs0])
         G = jax.vmap(lambda x: cons.constraint_jacobian(system, x))(
             state.q[None, :] + h * mm(jnp.asarray(lf, dtype), Z0))
-        apply = cons.saddle_point_inverse(system, state.q, state.v, K, B, c_rows[:, 1:],
+        apply = cons.saddle_point_inverse(system.at(state.t), state.q, state.v, K, B, c_rows[:, 1:],
                                           G[:z], G[1:] if self._lobatto_g else G)
         return lambda r: apply(jnp.concatenate([r[0][None], r[1]]), r[2])
 
@@ -450,17 +454,18 @@ class GalerkinVI(AbstractDenseIntegrator):
             return cons.check_consistent(system, q0, v0, tol)
         return q0, v0
 
-    def _multiplier(self, system, q, v):
+    def _multiplier(self, system, q, v, force=None):
         if isinstance(system, HolonomicSystem):
-            return cons.multiplier(system, q, v)
+            return cons.multiplier(system, q, v, force)
         return jnp.zeros((0,), q.dtype)
 
     def init(self, system: LagrangianSystem, t0: ScalarLike, q0: Vector, v0: Vector) -> GalerkinState:
-        lam0 = self._multiplier(system, q0, v0)
-        p0 = system.momentum(q0, v0)
+        t0 = jnp.asarray(t0, q0.dtype)
+        lam0 = self._multiplier(system.at(t0), q0, v0)
+        p0 = system.at(t0).momentum(q0, v0)
         d = jnp.asarray(self._rules()["d"], q0.dtype)
         return GalerkinState(
-            t=jnp.asarray(t0, q0.dtype), q=q0, p=p0, v=v0, lam=lam0, pi=p0,
+            t=t0, q=q0, p=p0, v=v0, lam=lam0, pi=p0,
             first=jnp.ones((), q0.dtype), p_raw=p0, lam_raw=lam0,
             controls=d[:, None] * v0[None, :], mults=jnp.broadcast_to(lam0, (self._n_mults(),) + lam0.shape),
         )
@@ -484,11 +489,12 @@ class GalerkinVI(AbstractDenseIntegrator):
         Zs, mu = X
         q1 = state.q + h * Zs[-1]
         v_guess = k["d1"] @ jnp.concatenate([jnp.zeros_like(Zs[:1]), Zs])
+        at_t1 = system.at(state.t + h)
         if isinstance(system, HolonomicSystem):
-            p1 = cons.project_momentum(system, q1, pi1, v_guess)
+            p1 = cons.project_momentum(at_t1, q1, pi1, v_guess)
         else:
             p1 = pi1
-        v1 = system.velocity(q1, p1, v_guess)
+        v1 = at_t1.velocity(q1, p1, v_guess)
         lams = mu / h
         if G0 is not None:
             p_raw = state.pi - (1.0 - state.first) * k["e"][0] * (G0.T @ mu[0])
@@ -498,7 +504,9 @@ class GalerkinVI(AbstractDenseIntegrator):
         else:
             p_raw, lam_raw = state.p, state.lam
         new = GalerkinState(
-            t=state.t + h, q=q1, p=p1, v=v1, lam=self._multiplier(system, q1, v1),
+            t=state.t + h, q=q1, p=p1, v=v1,
+            lam=self._multiplier(at_t1, q1, v1,
+                                 end_force(system, state.t, h, self.force_nodes(), u, q1, v1)),
             pi=pi1 if self.mode == "paper" else p1, first=jnp.zeros((), dtype),
             p_raw=p_raw, lam_raw=lam_raw,
             controls=jnp.concatenate([jnp.zeros_like(Zs[:1]), Zs]), mults=lams,
@@ -524,5 +532,7 @@ class GalerkinVI(AbstractDenseIntegrator):
                        new: AbstractState, h: ScalarLike) -> dict[str, Stages]:
         Z = new.controls  # (q^nu - q^0) / h
         q = prev.q[None, :] + h * Z
-        v = jnp.asarray(self._rules()["dd"], Z.dtype) @ Z
-        return {"q": q, "v": v, "p": jax.vmap(system.momentum)(q, v)}
+        rules = self._rules()
+        v = jnp.asarray(rules["dd"], Z.dtype) @ Z
+        times = prev.t + h * jnp.asarray(rules["d"], Z.dtype)
+        return {"q": q, "v": v, "p": at_nodes(system, times, lambda s, x, y: s.momentum(x, y), q, v)}

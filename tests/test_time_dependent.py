@@ -1,0 +1,343 @@
+"""Explicitly time-dependent Lagrangians ``L(t, q, v)`` (:class:`vijax.TimeDependentSystem`).
+
+Every family evaluates ``L`` (and its derivatives) at the times of its stage or quadrature
+nodes, ``system.at(t_k + c_i h)``.  Checked here, all from ``t0 = 0.3`` (a wrong clock shows):
+
+1. orders on Kapitza's pendulum (pivot driven vertically, ``L`` with a time-dependent
+   linear term in ``v``), reference DOP853 on the hand-derived equation
+   ``θ'' = -(g + y_p''(t)) sin θ / l``, ``p = m (l² θ' + l y_p'(t) sin θ)``: errors in ``q`` and
+   ``p``;
+2. orders of the constrained families on a Cartesian pendulum in modulated gravity
+   ``g(t) = g (1 + ε cos ωt)``, in ``θ``, ``θ'`` and the multiplier (70) at the nodes
+   (reference ``λ = θ'² + g(t) cos θ`` by hand);
+3. ``L = L0 + f(t)·q`` equals the forced system with ``F = f(t)`` to round-off (the same
+   quadrature carries both) in every family, and a Lagrangian that ignores its clock equals
+   the autonomous system;
+4. gradients with respect to the drive amplitude and the initial angle against central
+   differences;
+5. physics: Kapitza's inverted pendulum is stable for ``a² ω² > 2 g l`` and falls otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.integrate import solve_ivp
+
+import vijax as vj
+
+pytestmark = pytest.mark.fast_compile  # compile-bound: see tests/conftest.py
+
+T0, T_SPAN = 0.3, 1.0
+STEPS = (10, 20, 40)
+GRAVITY = 9.81
+A, OMEGA = 0.2, 6.0              # Kapitza: pivot amplitude and frequency
+THETA0, OMEGA0 = 2.5, 0.3
+EPS, FREQ = 0.5, 5.0             # modulated gravity
+
+
+def slope(errors):
+    return float(np.polyfit(np.log(T_SPAN / np.asarray(STEPS, float)), np.log(errors), 1)[0])
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _advance(system, integrator, q0, v0, h, n):
+    """``n`` steps (traced: one compilation per method) from ``(q0, v0)`` at ``T0``."""
+    def body(_, carry):
+        state, ok = carry
+        state, stats = integrator.step(system, state, h)
+        return state, ok & stats.converged
+
+    state = integrator.init(system, jnp.asarray(T0, q0.dtype), q0, v0)
+    state, ok = jax.lax.fori_loop(0, n, body, (state, jnp.asarray(True)))
+    return state, integrator.velocity(system, state), ok
+
+
+def final_states(system, integrator, q0, v0):
+    out = []
+    for n in STEPS:
+        state, v, ok = _advance(system, integrator, q0, v0, jnp.asarray(T_SPAN / n), jnp.asarray(n))
+        assert bool(ok), f"{integrator.name}: a stage solve did not converge (n = {n})"
+        assert abs(float(state.t) - (T0 + T_SPAN)) < 1e-12
+        out.append((state, v))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# 1. Kapitza's pendulum
+# --------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def kapitza_reference():
+    def rhs(t, y):
+        ypdd = -A * OMEGA ** 2 * np.cos(OMEGA * t)
+        return [y[1], -(GRAVITY + ypdd) * np.sin(y[0])]
+
+    sol = solve_ivp(rhs, (T0, T0 + T_SPAN), [THETA0, OMEGA0], method="DOP853", rtol=1e-13,
+                    atol=1e-14)
+    assert sol.success
+    th, w = sol.y[:, -1]
+    ypd = -A * OMEGA * np.sin(OMEGA * (T0 + T_SPAN))
+    return th, w + ypd * np.sin(th)          # (θ, p) with m = l = 1
+
+
+UNCONSTRAINED = {
+    "vprk-gauss1": (lambda: vj.VPRK.gauss(1), 2),
+    "vprk-gauss2": (lambda: vj.VPRK.gauss(2), 4),
+    "vprk-gauss3": (lambda: vj.VPRK.gauss(3), 6),
+    "vprk-lobatto2": (lambda: vj.VPRK.lobatto(2), 2),
+    "vprk-lobatto3": (lambda: vj.VPRK.lobatto(3), 4),
+    "galerkin-gauss2": (lambda: vj.GalerkinVI.gauss(2), 4),
+    "dgvi2": (lambda: vj.DGVI(2), 3),
+    "dgvi3": (lambda: vj.DGVI(3), 5),
+    "cgvi1": (lambda: vj.CGVI(1), 2),
+    "cgvi2": (lambda: vj.CGVI(2), 4),
+}
+
+
+def test_kapitza_equation_and_momentum():
+    """The catalogue system's Euler--Lagrange equation is the hand-derived one."""
+    system = vj.systems.ShakenPendulum(a=A, omega=OMEGA)
+    rhs = vj.diagnostics.euler_lagrange_rhs(system)
+    for t, th, w in [(0.3, 2.5, 0.3), (1.1, -0.4, 2.0)]:
+        _, acc = rhs(jnp.array([th]), jnp.array([w]), jnp.asarray(t))
+        expected = -(GRAVITY - A * OMEGA ** 2 * np.cos(OMEGA * t)) * np.sin(th)
+        np.testing.assert_allclose(float(acc[0]), expected, rtol=1e-13)
+        p = system.at(jnp.asarray(t)).momentum(jnp.array([th]), jnp.array([w]))
+        np.testing.assert_allclose(float(p[0]), w - A * OMEGA * np.sin(OMEGA * t) * np.sin(th),
+                                   rtol=1e-14)
+
+
+@pytest.mark.parametrize("method", list(UNCONSTRAINED))
+def test_time_dependent_order(method):
+    make, order = UNCONSTRAINED[method]
+    integrator = make()
+    assert integrator.order == order
+    system = vj.systems.ShakenPendulum(a=jnp.asarray(A), omega=jnp.asarray(OMEGA))
+    th_ref, p_ref = kapitza_reference()
+    runs = final_states(system, integrator, jnp.array([THETA0]), jnp.array([OMEGA0]))
+    errors = np.array([[abs(float(s.q[0]) - th_ref), abs(float(s.p[0]) - p_ref)]
+                       for s, _ in runs])
+    assert np.all(errors[-1] > 1e-13), errors
+    for column, what in ((0, "q"), (1, "p")):
+        p = slope(errors[:, column])
+        assert abs(p - order) <= 0.35, (f"{integrator.name}: slope in {what} {p:.2f}, expected "
+                                        f"{order} (errors {errors[:, column]})")
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Constrained: the Cartesian pendulum in modulated gravity
+# --------------------------------------------------------------------------------------------
+
+
+class ModulatedCartesianPendulum(vj.systems.CartesianPendulum, vj.TimeDependentSystem):
+    """``|q| = 1`` in the plane, ``V = g (1 + ε cos ωt) y`` (Kapitza's pendulum seen from the
+    pivot)."""
+
+    eps: float = EPS
+    freq: float = FREQ
+
+    def potential(self, q):
+        return self.m * self.gravity * (1.0 + self.eps * jnp.cos(self.freq * self.time)) * q[-1]
+
+
+@functools.lru_cache(maxsize=None)
+def modulated_reference():
+    def rhs(t, y):
+        return [y[1], -GRAVITY * (1.0 + EPS * np.cos(FREQ * t)) * np.sin(y[0])]
+
+    sol = solve_ivp(rhs, (T0, T0 + T_SPAN), [1.2, 0.5], method="DOP853", rtol=1e-13, atol=1e-14)
+    assert sol.success
+    th, w = sol.y[:, -1]
+    lam = w ** 2 + GRAVITY * (1.0 + EPS * np.cos(FREQ * (T0 + T_SPAN))) * np.cos(th)
+    return th, w, lam
+
+
+CONSTRAINED = {
+    "rattle": (vj.HolonomicVPRK.rattle, 2),
+    "holonomic-lobatto3": (lambda: vj.HolonomicVPRK.lobatto(3), 4),
+    "galerkin-gauss2": (lambda: vj.GalerkinVI.gauss(2), 4),
+    "galerkin-lobatto3": (lambda: vj.GalerkinVI.lobatto(3), 6),
+    "dgvi2": (lambda: vj.DGVI(2), 3),
+}
+
+
+@pytest.mark.parametrize("method", list(CONSTRAINED))
+def test_constrained_time_dependent_order(method):
+    make, order = CONSTRAINED[method]
+    integrator = make()
+    system = ModulatedCartesianPendulum(eps=jnp.asarray(EPS), freq=jnp.asarray(FREQ))
+    th_ref, w_ref, lam_ref = modulated_reference()
+    q0 = jnp.array([np.sin(1.2), -np.cos(1.2)])
+    v0 = 0.5 * jnp.array([np.cos(1.2), np.sin(1.2)])
+    at_end = system.at(jnp.asarray(T0 + T_SPAN))
+    errors, residual = [], 0.0
+    for state, v in final_states(system, integrator, q0, v0):
+        q = state.q
+        residual = max(residual, abs(float(system.holonomic(q)[0])))
+        th = float(jnp.arctan2(q[0], -q[1]))
+        w = float(q[0] * v[1] - q[1] * v[0])
+        lam = float(vj.constraints.multiplier(at_end, q, v)[0])
+        errors.append([abs(th - th_ref), abs(w - w_ref), abs(lam - lam_ref)])
+    errors = np.array(errors)
+    assert residual <= 1e-12
+    assert np.all(errors[-1] > 1e-13), errors
+    for column, what in ((0, "theta"), (1, "angular velocity"), (2, "multiplier (70)")):
+        p = slope(errors[:, column])
+        assert abs(p - order) <= 0.35, (f"{integrator.name}: slope in {what} {p:.2f}, expected "
+                                        f"{order} (errors {errors[:, column]})")
+
+
+# --------------------------------------------------------------------------------------------
+# 3. L0 + f(t)·q is the forced system; a clock that is not read changes nothing
+# --------------------------------------------------------------------------------------------
+
+
+def drive(t):
+    return jnp.stack([0.7 * jnp.cos(1.3 * t), 0.2 * jnp.sin(0.9 * t)])
+
+
+class SpringDriven(vj.systems.PointMassSystem, vj.TimeDependentSystem):
+    """A nonlinear spring in the plane with the drive in the Lagrangian."""
+
+    def potential(self, q):
+        return 0.5 * q @ q + 0.25 * (q @ q) ** 2 - drive(self.time) @ q
+
+
+class SpringForced(vj.systems.PointMassSystem, vj.ForcedSystem):
+    def potential(self, q):
+        return 0.5 * q @ q + 0.25 * (q @ q) ** 2
+
+    def force(self, t, q, v, u):
+        return drive(t)
+
+
+class PendulumDriven(vj.systems.CartesianPendulum, vj.TimeDependentSystem):
+    def potential(self, q):
+        return self.m * self.gravity * q[-1] - drive(self.time) @ q
+
+
+class PendulumForced(vj.ForcedSystem, vj.systems.CartesianPendulum):
+    def force(self, t, q, v, u):
+        return drive(t)
+
+
+class SpringClock(vj.systems.PointMassSystem, vj.TimeDependentSystem):
+    def potential(self, q):
+        return 0.5 * q @ q + 0.25 * (q @ q) ** 2
+
+
+class Spring(vj.systems.PointMassSystem):
+    def potential(self, q):
+        return 0.5 * q @ q + 0.25 * (q @ q) ** 2
+
+
+EQUIVALENT = {
+    "vprk-gauss2": (lambda: vj.VPRK.gauss(2), False),      # constant mass: the force form
+    "vprk-lobatto3": (lambda: vj.VPRK.lobatto(3), False),
+    "galerkin-gauss2": (lambda: vj.GalerkinVI.gauss(2), False),
+    "dgvi2": (lambda: vj.DGVI(2), False),
+    "cgvi2": (lambda: vj.CGVI(2), False),
+    "holonomic-lobatto3": (lambda: vj.HolonomicVPRK.lobatto(3), True),
+    "galerkin-lobatto2-constrained": (lambda: vj.GalerkinVI.lobatto(2), True),
+}
+
+
+@pytest.mark.parametrize("method", list(EQUIVALENT))
+def test_drive_in_the_lagrangian_is_the_forced_system(method):
+    make, constrained = EQUIVALENT[method]
+    integrator = make()
+    if constrained:
+        q0, v0 = jnp.array([np.sin(1.0), -np.cos(1.0)]), jnp.array([0.3 * np.cos(1.0),
+                                                                     0.3 * np.sin(1.0)])
+        pair = (PendulumDriven(), PendulumForced())
+    else:
+        q0, v0 = jnp.array([0.8, -0.3]), jnp.array([0.1, 0.5])
+        pair = (SpringDriven(), SpringForced())
+    def run(system):
+        state, _, ok = _advance(system, integrator, q0, v0, jnp.asarray(0.05), jnp.asarray(20))
+        assert bool(ok)
+        return state
+
+    a, b = (run(s) for s in pair)
+    assert float(jnp.max(jnp.abs(a.q - b.q))) <= 1e-13
+    assert float(jnp.max(jnp.abs(a.p - b.p))) <= 1e-12
+    if method == "vprk-lobatto3":
+        c, d = run(SpringClock()), run(Spring())
+        assert float(jnp.max(jnp.abs(c.q - d.q))) <= 1e-14
+        assert float(jnp.max(jnp.abs(c.p - d.p))) <= 1e-14
+
+
+def test_energy_of_a_time_dependent_system_uses_the_clock():
+    """``diagnostics.energy`` evaluates ``E`` of ``L(t, ·, ·)`` at the saved times: for the
+    driven spring ``E = T + V - f(t)·q``."""
+    sol = vj.simulate(SpringDriven(), vj.VPRK.gauss(2), q0=jnp.array([0.8, -0.3]),
+                      v0=jnp.array([0.1, 0.5]), dt=0.05, n_steps=10, t0=T0)
+    e = vj.diagnostics.energy(SpringDriven(), sol)
+    r2 = jnp.sum(sol.q ** 2, axis=1)
+    expected = (0.5 * jnp.sum(sol.v ** 2, axis=1) + 0.5 * r2 + 0.25 * r2 ** 2
+                - jnp.sum(jax.vmap(drive)(sol.t) * sol.q, axis=1))
+    np.testing.assert_allclose(np.asarray(e), np.asarray(expected), rtol=1e-13)
+
+
+# --------------------------------------------------------------------------------------------
+# 4. Gradients
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [lambda: vj.VPRK.gauss(2),
+                                  pytest.param(lambda: vj.GalerkinVI.gauss(2),
+                                               marks=pytest.mark.slow)],
+                         ids=["vprk-gauss2", "galerkin-gauss2"])
+def test_gradients_match_central_differences(make):
+    integrator = make()
+
+    @jax.jit
+    def loss(x):
+        system = vj.systems.ShakenPendulum(a=x[0], omega=jnp.asarray(OMEGA))
+        sol = vj.simulate(system, integrator, q0=x[1:2], v0=jnp.array([OMEGA0]), dt=0.05,
+                          n_steps=20, t0=T0)
+        return jnp.sin(sol.q[-1, 0]) + 0.3 * sol.p[-1, 0]
+
+    x = jnp.array([A, THETA0])
+    grad = np.asarray(jax.grad(loss)(x))
+    eps = 1e-6
+    fd = np.array([(float(loss(x.at[i].add(eps))) - float(loss(x.at[i].add(-eps)))) / (2 * eps)
+                   for i in range(2)])
+    np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-9)
+
+
+# --------------------------------------------------------------------------------------------
+# 5. Kapitza's inverted pendulum
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("omega,stable", [(100.0, True), (20.0, False)])
+def test_kapitza_inverted_pendulum(omega, stable):
+    """Pivot amplitude a = 0.1, l = 1: the upright position is stable iff
+    a² ω² > 2 g l = 19.6 (ω = 100: 100; ω = 20: 4)."""
+    system = vj.systems.ShakenPendulum(a=0.1, omega=omega)
+    sol = vj.simulate(system, vj.VPRK.gauss(1), q0=jnp.array([np.pi - 0.2]),
+                      v0=jnp.array([0.0]), dt=1e-3, n_steps=3000, save_every=10)
+    deviation = float(jnp.max(jnp.abs(sol.q[:, 0] - np.pi)))
+    if stable:
+        assert deviation < 0.3, deviation
+    else:
+        assert deviation > 1.0, deviation
+
+
+def test_methods_declare_the_capability():
+    """The families that evaluate their nodes on ``system.at(t)`` accept a
+    TimeDependentSystem; the Kapitza pendulum names them to a method that does not."""
+    system = vj.systems.ShakenPendulum()
+    for integ in (vj.VPRK.gauss(2), vj.GalerkinVI.gauss(2), vj.DGVI(2), vj.CGVI(2)):
+        assert integ.accepts(system)
+    assert vj.HolonomicVPRK.rattle().accepts(ModulatedCartesianPendulum())
+    assert vj.TimeDependentSystem in vj.systems.CAPABILITIES
+    assert eqx.tree_equal(system.at(1.5).at(0.0), system.at(0.0))
