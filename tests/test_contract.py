@@ -3,9 +3,10 @@
 The presets come from the package itself (:func:`vijax.integrators.registry`), so a new family
 or preset is checked without touching this file.  Each preset runs on a small nonlinear
 problem it accepts: Hénon--Heiles (unconstrained, two degrees of freedom; a configuration-
-dependent mass matrix, as in the double pendulum, doubles every compilation) and the Cartesian
-pendulum with a nonlinear spring (holonomically constrained; ``tests/helpers.py``).  A family
-that accepts both runs its first preset on both.  The clauses:
+dependent mass matrix, as in the double pendulum, doubles every compilation), the Cartesian
+pendulum with a nonlinear spring (holonomically constrained; ``tests/helpers.py``) and the
+nonholonomic particle (``Φ = v_z - y v_x``, for the nonholonomic families).  A family that
+accepts two runs its first preset on both.  The clauses:
 
 * shapes and dtypes of the :class:`~vijax.Solution` of a short run with ``save_every > 1``;
 * ``jax.jit(simulate)`` equals eager ``simulate``;
@@ -66,6 +67,13 @@ def _spring_pendulum(x):
     return SpringPendulum(k=5.0, l=length), q0, v0
 
 
+def _nonholonomic_particle(x):
+    y0, vx, k = x[0], x[1], x[2]
+    q0 = jnp.stack([jnp.asarray(0.2, x.dtype), y0, jnp.asarray(0.0, x.dtype)])
+    v0 = jnp.stack([vx, jnp.asarray(0.5, x.dtype), y0 * vx])   # on Φ = v_z - y v_x = 0
+    return vj.systems.NonholonomicParticle(k=k), q0, v0
+
+
 class Problem(NamedTuple):
     name: str
     make: Callable          # x -> (system, q0, v0); consistent initial data for every x
@@ -85,7 +93,11 @@ HENON_HEILES = Problem("henon_heiles", _henon_heiles, (0.3, 0.25, 1.0),
 SPRING_PENDULUM = Problem("spring_pendulum", _spring_pendulum, (1.0, 0.5, 1.2),
                           ((1.0, 0.5, 1.2), (0.4, -0.8, 1.2), (1.5, 0.1, 1.2)),
                           ((1.0, -0.5), (0.3, 0.8)))
-PROBLEMS = (HENON_HEILES, SPRING_PENDULUM)
+NONHOLONOMIC_PARTICLE = Problem("nonholonomic_particle", _nonholonomic_particle,
+                                (1.0, 1.0, 1.2), ((1.0, 1.0, 1.2), (0.5, -0.7, 1.2),
+                                                  (-0.4, 0.6, 1.2)),
+                                ((1.0, -0.5), (0.3, 0.8)))
+PROBLEMS = (HENON_HEILES, SPRING_PENDULUM, NONHOLONOMIC_PARTICLE)
 
 
 def _cases():
@@ -216,7 +228,8 @@ pytestmark = pytest.mark.fast_compile
 # --------------------------------------------------------------------------------------------
 def test_registry_covers_every_family_and_its_calls_build_the_presets():
     families = {type(m) for _, m in REGISTRY}
-    assert families >= {vj.VPRK, vj.HolonomicVPRK, vj.GalerkinVI, vj.DGVI, vj.CGVI}
+    assert families >= {vj.VPRK, vj.HolonomicVPRK, vj.GalerkinVI, vj.DGVI, vj.CGVI,
+                        vj.NonholonomicVPRK, vj.DiscreteGradient, vj.DiscreteLagrangeDAlembert}
     for call, integ in REGISTRY:
         assert eval(f"vj.{call}") == integ, call
     assert len({c for c, _ in REGISTRY}) == len(REGISTRY)
@@ -379,7 +392,12 @@ class ForcedSpringPendulum(_Forcing, SpringPendulum):
     pass
 
 
-FORCED = {HENON_HEILES.name: ForcedHenonHeiles, SPRING_PENDULUM.name: ForcedSpringPendulum}
+class ForcedNonholonomicParticle(_Forcing, vj.systems.NonholonomicParticle):
+    pass
+
+
+FORCED = {HENON_HEILES.name: ForcedHenonHeiles, SPRING_PENDULUM.name: ForcedSpringPendulum,
+          NONHOLONOMIC_PARTICLE.name: ForcedNonholonomicParticle}
 FORCED_CASES = [(call, integ, problem, first) for call, integ, problem, first in CASES
                 if first or isinstance(problem.system, vj.HolonomicSystem)]
 

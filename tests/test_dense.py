@@ -15,6 +15,7 @@ pytestmark = pytest.mark.fast_compile  # compile-bound: see tests/conftest.py
 
 PEND = vj.systems.Pendulum()
 CART = vj.systems.CartesianPendulum()
+PARTICLE = vj.systems.NonholonomicParticle()
 T_END = 2.0
 
 
@@ -28,7 +29,9 @@ def dense_presets():
         if not isinstance(integ, vj.AbstractDenseIntegrator) or family in seen:
             continue
         seen.add(family)
-        if vj.HolonomicSystem in integ.required:
+        if vj.NonholonomicSystem in integ.required:
+            systems = [PARTICLE]
+        elif vj.HolonomicSystem in integ.required:
             systems = [CART]
         elif vj.HolonomicSystem in integ.supported:
             systems = [PEND, CART]
@@ -40,6 +43,8 @@ def dense_presets():
 
 
 def initial(system):
+    if system is PARTICLE:
+        return PARTICLE.initial_conditions()
     if system is CART:
         th = 1.0
         return jnp.array([np.sin(th), -np.cos(th)]), 0.5 * jnp.array([np.cos(th), np.sin(th)])

@@ -97,6 +97,11 @@ def energy_charged(s, q, v):
     return 0.5 * s.m * np.dot(v, v) + 0.5 * np.dot(q, q)  # the magnetic term does no work
 
 
+def energy_shaken_pendulum(s, q, v):
+    # at the default time 0: pivot at y_p = a, at rest; E = m l² v²/2 + m g (y_p - l cos q)
+    return 0.5 * s.m * s.l ** 2 * v[0] ** 2 + s.m * s.g * (s.a - s.l * np.cos(q[0]))
+
+
 # name -> (system with non-default parameters, q, v, analytic energy)
 CASES = {
     "harmonic": (S.HarmonicOscillator(m=1.7, k=0.6), [0.3, -1.1, 0.4], [0.5, 0.2, -0.9],
@@ -107,12 +112,14 @@ CASES = {
     "kepler": (S.Kepler(m=0.9, mu=1.6), [0.6, -0.8], [0.3, 1.2], energy_kepler),
     "general_kepler": (S.GeneralKepler(m=0.9, mu=1.6), [0.6, -0.8], [0.3, 1.2], energy_kepler),
     "henon_heiles": (S.HenonHeiles(lam=0.8), [0.2, -0.3], [0.35, 0.1], energy_henon_heiles),
+    "shaken_pendulum": (S.ShakenPendulum(m=1.3, l=0.9, g=9.7, a=0.2, omega=5.0), [2.1], [-0.7],
+                        energy_shaken_pendulum),
     "relativistic": (RelativisticParticle(), [0.4, -0.2], [0.5, -0.3], energy_relativistic),
     "charged": (ChargedParticle(), [0.4, -0.6], [0.9, -0.3], energy_charged),
 }
 CATALOGUE = ["harmonic", "pendulum", "double_pendulum", "kepler", "general_kepler",
-             "henon_heiles"]
-MECHANICAL = [name for name in CATALOGUE if name != "general_kepler"]
+             "henon_heiles", "shaken_pendulum"]
+MECHANICAL = [name for name in CATALOGUE if name not in ("general_kepler", "shaken_pendulum")]
 
 
 def case(name):

@@ -15,7 +15,9 @@ from . import (constraints, control, diagnostics, integrators, interpolation, li
                systems, tableaus)
 from .integrators import (CGVI, DGVI, VPRK, AbstractDenseIntegrator, AbstractIntegrator,
                           AbstractState, GalerkinState, GalerkinVI, HolonomicState, HolonomicVPRK,
-                          IncompatibleSystemError, VPRKState)
+                          IncompatibleSystemError, NonholonomicState, NonholonomicVPRK,
+                          VPRKState)
+from .integrators import DiscreteGradient, DiscreteLagrangeDAlembert
 from .interpolation import DenseOutput
 from .simulate import PrecisionWarning, Solution, StepStats, simulate
 from .ensemble import simulate_ensemble
@@ -30,8 +32,9 @@ __all__ = [
     "LagrangianSystem", "MechanicalSystem", "HolonomicSystem", "NonholonomicSystem",
     "ForcedSystem", "TimeDependentSystem",
     "AbstractIntegrator", "AbstractDenseIntegrator", "AbstractState", "IncompatibleSystemError",
-    "VPRK", "VPRKState", "HolonomicVPRK", "HolonomicState", "GalerkinVI", "GalerkinState",
-    "DGVI", "CGVI", "ConvergenceError",
+    "VPRK", "VPRKState", "HolonomicVPRK", "HolonomicState", "NonholonomicVPRK",
+    "NonholonomicState", "GalerkinVI", "GalerkinState",
+    "DGVI", "CGVI", "ConvergenceError", "DiscreteGradient", "DiscreteLagrangeDAlembert",
     "tableaus", "quadrature", "interpolation", "lie", "constraints", "solvers", "systems", "control",
     "integrators", "diagnostics",
 ]

@@ -229,3 +229,116 @@ def check_consistent(system: HolonomicSystem, q0: Vector, v0: Vector, tol: float
             raise InconsistentInitialData(
                 hidden.replace("(>", f"by {np.max(np.abs(res)):.2e} (>"))
     return q0, v0
+
+
+# --------------------------------------------------------------------------------------------
+# Nonholonomic constraints Φ(q, v) = 0
+# --------------------------------------------------------------------------------------------
+# Martín de Diego & Sato Martín de Almagro (2022), §2: the Lagrange--d'Alembert (Chetaev)
+# equations  d/dt D2L - D1L = D2Φ(q, v)^T λ (+ F),  Φ(q, v) = 0.  Every derivative below is
+# taken by autodiff of the system's Lagrangian and constraint.
+
+import equinox as eqx  # noqa: E402 (this section's own import)
+
+__all__ += ["nonholonomic_acceleration", "nonholonomic_multiplier",
+            "check_nonholonomic_consistent"]
+
+
+def _free_acceleration_terms(system, q, v, t, u):
+    """``(H, f)`` with ``H = d2L/dv2`` and ``f = D1L - (d D2L/dq) v - ∂_t D2L (+ F)``, so that
+    the unconstrained motion is ``H a = f``."""
+    from .systems import ForcedSystem, TimeDependentSystem  # the systems build on this module
+    t = jnp.zeros((), q.dtype) if t is None else jnp.asarray(t, q.dtype)
+    sys_t = system.at(t)
+    hess = sys_t.velocity_hessian(q, v)
+    mixed = jax.jacfwd(sys_t.momentum, argnums=0)(q, v)
+    f = sys_t.d1_lagrangian(q, v) - mixed @ v
+    if isinstance(system, TimeDependentSystem):
+        f = f - jax.jvp(lambda s: system.at(s).momentum(q, v), (t,), (jnp.ones_like(t),))[1]
+    if isinstance(system, ForcedSystem):
+        if u is None and system.control_dim:
+            u = jnp.zeros((system.control_dim,), q.dtype)
+        f = f + system.force(t, q, v, u)
+    return hess, f
+
+
+def nonholonomic_acceleration(system, q: Vector, v: Vector, t=None, u=None
+                              ) -> tuple[Vector, Constraints]:
+    """The acceleration and the multiplier ``(a, λ)`` of the continuous nonholonomic equations
+    at ``(t, q, v)``: the index-1 form with the multiplier eliminated.
+
+    With the free acceleration ``a_free = H^{-1} f`` (``H = d2L/dv2``,
+    ``f = D1L - (d D2L/dq) v``, plus the force ``F(t, q, v, u)`` of a
+    :class:`vijax.ForcedSystem` and ``-∂_t D2L`` of a :class:`vijax.TimeDependentSystem`),
+    differentiating ``Φ(q, v) = 0`` along the motion gives (Martín de Diego & Sato Martín de
+    Almagro (2022), eq. (4))
+
+        λ = -C^{-1} (D1Φ(q, v) v + D2Φ(q, v) a_free),    C = D2Φ H^{-1} D2Φ^T,
+
+    and ``a = a_free + H^{-1} D2Φ^T λ``.  It holds for linear, affine and nonlinear ``Φ``.
+    ``u`` defaults to zero controls.  Compiled (:func:`equinox.filter_jit`): an eager call
+    costs one compilation per system class instead of one dispatch per primitive."""
+    return _nonholonomic_acceleration(system, q, v, t, u)
+
+
+@eqx.filter_jit
+def _nonholonomic_acceleration(system, q, v, t, u):
+    hess, f = _free_acceleration_terms(system, q, v, t, u)
+    A = system.constraint_matrix(q, v)
+    hinv = _linalg.inv(hess)
+    a_free = hinv @ f
+    d1phi_v = jax.jvp(lambda x: system.nonholonomic(x, v), (q,), (v,))[1]
+    lam = -_linalg.solve(A @ hinv @ A.T, d1phi_v + A @ a_free)
+    return a_free + hinv @ (A.T @ lam), lam
+
+
+def nonholonomic_multiplier(system, q: Vector, v: Vector, t=None, u=None) -> Constraints:
+    """The exact multiplier ``λ(q, v)`` of the continuous nonholonomic equations
+    (Martín de Diego & Sato Martín de Almagro (2022), eq. (4);
+    :func:`nonholonomic_acceleration`): the consistent ``λ0`` that
+    :class:`vijax.NonholonomicVPRK` needs for its full order."""
+    return nonholonomic_acceleration(system, q, v, t, u)[1]
+
+
+def _rank_messages(kind: str, name: str, m: int) -> list[str]:
+    return [f"The {kind} of {name}.nonholonomic has rank {r} < m = {m} at (q0, v0): the "
+            f"constraint rows are not independent (Martín de Diego & Sato Martín de Almagro "
+            f"(2022), §2: rank D2Φ = m and an invertible C = D2Φ H^-1 D2Φ^T are needed). "
+            f"Remove dependent rows or start away from the singular state."
+            for r in range(m + 1)]
+
+
+def check_nonholonomic_consistent(system, q0: Vector, v0: Vector, tol: float
+                                  ) -> tuple[Vector, Vector]:
+    """Refuse initial velocities off ``Φ(q0, v0) = 0`` (:class:`InconsistentInitialData`,
+    naming the fix ``system.project_velocity(q0, v0)``) and dependent constraint rows
+    (``rank D2Φ < m``, or a singular compatibility matrix ``C = D2Φ H^{-1} D2Φ^T``; the
+    message gives the measured rank).
+
+    On concrete values it raises; on traced values (under :func:`jax.jit`) the same checks run
+    in the compiled code (:func:`equinox.error_if`) and the returned ``(q0, v0)`` carry them,
+    so use the returned values."""
+    name = type(system).__name__
+    phi = system.nonholonomic(q0, v0)
+    if phi.ndim != 1 or phi.shape[0] == 0 or phi.shape[0] >= q0.shape[0]:
+        raise ValueError(f"{name}.nonholonomic(q, v) must return a 1-D array of 1 <= m < n "
+                         f"constraint values; got shape {phi.shape} for n = {q0.shape[0]}.")
+    m = phi.shape[0]
+    A = system.constraint_matrix(q0, v0)
+    C = A @ system.inverse_velocity_hessian(q0, v0) @ A.T
+    xp = jnp if is_traced((phi, A, C, v0)) else np
+    phi, A, C = (xp.asarray(x) for x in (phi, A, C))
+    data = (q0, v0)
+    for kind, mat in (("constraint matrix D2Φ", A),
+                      ("compatibility matrix C = D2Φ H^-1 D2Φ^T", C)):
+        sv = xp.linalg.svd(xp.where(xp.isfinite(mat), mat, 0), compute_uv=False)
+        rank = xp.sum(sv > 1e3 * xp.finfo(mat.dtype).eps * xp.maximum(sv[0], 1.0))
+        messages = _rank_messages(kind, name, m)
+        data = refuse(data, rank < m, messages,
+                      lambda r=rank, msgs=messages: msgs[int(r)], index=xp.minimum(rank, m))
+    gap = xp.max(xp.abs(phi))
+    off = (f"v0 violates the nonholonomic constraint {name}.nonholonomic(q0, v0) = 0 "
+           f"(> {tol:.1e}). Project it with system.project_velocity(q0, v0), or pass "
+           f"project=True to simulate.")
+    return refuse(data, ~(gap <= tol), off, lambda: off.replace("(>", f"by {gap:.2e} (>"),
+                  InconsistentInitialData)

@@ -317,8 +317,8 @@ class LiteralEq67(DGVI):
     ``τ̇ W p̃_g`` part of ``∫ (∂ġ̃/∂η_q)ᵀ p̃_g dt`` and drops ``τ q̃̇ p̃_g`` (for our ``g = (|q|²
     - l²)/2``: ``∂ġ̃/∂η_q = Φ̇ᵀ q̃ + Φᵀ q̃̇``).  Test-only: the library never builds it."""
 
-    def residual(self, system, X, q_i, p_i, h, force=None):
-        grads, bc = super().residual(system, X, q_i, p_i, h, force)
+    def residual(self, system, X, q_i, p_i, h, force=None, t_i=0.0):
+        grads, bc = super().residual(system, X, q_i, p_i, h, force, t_i)
         x, w = np.polynomial.legendre.leggauss(6)
         c, w = (x + 1) / 2, w / 2
         nodes = (np.polynomial.legendre.leggauss(self.s)[0] + 1) / 2

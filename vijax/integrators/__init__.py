@@ -17,11 +17,15 @@ from ._table import method_table, presets
 from ._forcing import stage_force
 from .vprk import VPRK, AbstractPRK, VPRKState
 from .holonomic import HolonomicState, HolonomicVPRK
+from .nonholonomic import NonholonomicState, NonholonomicVPRK
+from .discrete_gradients import DiscreteGradient, DiscreteGradientState
+from .dla import DiscreteLagrangeDAlembert, DLAState
 from .galerkin import (CGVI, DGVI, AbstractContinuousTimeVI, CGState, ConstrainedDGState,
                        DGState, GalerkinState, GalerkinVI, dg_prk_tableau, dg_prk_tableau_formula)
 
 __all__ = ["AbstractIntegrator", "AbstractDenseIntegrator", "AbstractState",
            "IncompatibleSystemError", "registry", "accepting", "AbstractPRK", "VPRK", "VPRKState",
-           "HolonomicVPRK", "HolonomicState", "GalerkinVI", "GalerkinState",
+           "HolonomicVPRK", "HolonomicState", "NonholonomicVPRK", "NonholonomicState", "GalerkinVI", "GalerkinState",
            "AbstractContinuousTimeVI", "DGVI", "DGState", "ConstrainedDGState", "CGVI", "CGState",
-           "dg_prk_tableau", "dg_prk_tableau_formula", "method_table", "presets", "stage_force"]
+           "dg_prk_tableau", "dg_prk_tableau_formula", "method_table", "presets", "stage_force",
+           "DiscreteGradient", "DiscreteGradientState", "DiscreteLagrangeDAlembert", "DLAState"]

@@ -4,6 +4,9 @@ from ._base import (CAPABILITIES, ForcedSystem, HolonomicSystem, LagrangianSyste
                     NonholonomicSystem, PointMassSystem, TimeDependentSystem, capabilities)
 from .catalogue import (DoublePendulum, GeneralKepler, HarmonicOscillator, HenonHeiles, Kepler,
                         Pendulum, ShakenPendulum)
+from .nonholonomic import ChaoticNonholonomic, NonholonomicParticle
+from .rolling import (ChaplyginSleigh, CVTGearbox, QuarticNonholonomic, SuslovProblem,
+                      VerticalDisk)
 from .constrained import (AbstractCartesianPendulum, CartesianPendulum, DoublePendulum3D, PolarPendulum,
                           SphericalPendulum)
 
@@ -11,4 +14,6 @@ __all__ = ["LagrangianSystem", "MechanicalSystem", "PointMassSystem", "Holonomic
            "ForcedSystem", "NonholonomicSystem", "TimeDependentSystem",
            "CAPABILITIES", "capabilities", "AbstractCartesianPendulum", "HarmonicOscillator", "Pendulum", "ShakenPendulum",
            "DoublePendulum", "Kepler", "GeneralKepler", "HenonHeiles", "CartesianPendulum",
-           "PolarPendulum", "SphericalPendulum", "DoublePendulum3D"]
+           "PolarPendulum", "SphericalPendulum", "DoublePendulum3D",
+           "NonholonomicParticle", "ChaoticNonholonomic",
+           "VerticalDisk", "ChaplyginSleigh", "QuarticNonholonomic", "CVTGearbox", "SuslovProblem"]

@@ -173,6 +173,16 @@ class NonholonomicSystem(LagrangianSystem):
         constraints), by :func:`jax.jacfwd`."""
         return jax.jacfwd(self.nonholonomic, argnums=1)(q, v)
 
+    def distribution_frame(self, q: Vector) -> Matrix:
+        """An analytic frame of the constraint distribution ``D_q = ker A(q)`` of linear
+        constraints: shape ``(n, n - m)``, columns spanning ``D_q``.  Override it when one is
+        known; :class:`vijax.DiscreteGradient` builds a Householder frame from ``A(q)``
+        otherwise (its default, ``frame="qr"``), and refuses ``frame="system"`` for a system
+        that does not override this method."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not define an analytic distribution_frame(q); "
+            f"override it, or let the method build a frame from the constraint one-forms.")
+
     def project_velocity(self, q: Vector, v: Vector, *, max_steps: int = 20) -> Vector:
         """The velocity nearest to ``v`` (in the metric of the velocity Hessian) with
         ``Φ(q, v) = 0``: ``v <- v - H^{-1} A^T (A H^{-1} A^T)^{-1} Φ(q, v)``, exact in one

@@ -1,0 +1,269 @@
+"""Nonholonomic partitioned Runge--Kutta integrators (Lobatto IIIA--IIIB).
+
+After Martín de Diego & Sato Martín de Almagro (2022), §5, eq. (14) and Appendix D.  For a
+system with nonholonomic constraints ``Φ(q, v) = 0`` and Lagrange--d'Alembert (Chetaev)
+constraint forces ``D2Φ^T λ``, one step ``(q_k, p_k, λ_k) -> (q_{k+1}, p_{k+1}, λ_{k+1})``
+reads
+
+    Q^i = q_k + h sum_j a_ij V^j,            P^i = p_k + h sum_j â_ij W^j,
+    W^i = D1L(Q^i, V^i) + D2Φ(Q^i, V^i)^T Λ^i,   P^i = D2L(Q^i, V^i),
+    p^i = p_k + h sum_j a_ij W^j   (the IIIA coefficients, not â),
+    Φ(Q^i, v^i) = 0 with D2L(Q^i, v^i) = p^i      (i = 2..s),
+    q_{k+1} = Q^s,  p_{k+1} = p^s,  λ_{k+1} = Λ^s,  Λ^1 = λ_k (carried).
+
+The constraint is imposed on the new stage momenta ``p^i`` (stage order ``s``), not on the
+IIIB momenta ``P^i`` (stage order ``s - 2``), and the node velocity is ``v_{k+1} = v^s``, not
+the low-order ``V^s``.  With a :class:`vijax.ForcedSystem` the stage forces
+``F(t_k + c_i h, Q^i, V^i, U^i)`` join ``W^i`` (discrete Lagrange--d'Alembert principle).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from .. import constraints as cons
+from .. import tableaus as tb
+from .._checks import is_traced
+from .._linalg import mm
+from .._typing import ScalarLike, Vector
+from ..quadrature import lagrange_extrapolation_matrix
+from ..solvers import AbstractRootSolver, Newton, SolverStats
+from ..systems import ForcedSystem, LagrangianSystem, NonholonomicSystem, TimeDependentSystem
+from ._base import AbstractIntegrator, AbstractState
+from .vprk import VPRK, AbstractPRK
+
+__all__ = ["NonholonomicVPRK", "NonholonomicState"]
+
+_H_TOL = 1e-14
+
+
+class NonholonomicState(AbstractState):
+    """``(t, q, p, v)`` on the constraint set ``Φ(q, v) = 0``, the node multiplier ``lam``
+    (``Λ^s`` of the step that ended here, the next step's ``Λ^1``), and that step's stage
+    velocities ``V^i`` (``stages``) and stage multipliers ``Λ^i`` (``lams``, ``Λ^1`` first)
+    for the predictor.  ``v`` is the node velocity ``v^s`` (the inverse Legendre map of
+    ``p``), not the IIIB stage velocity ``V^s``."""
+
+    t: Float[Array, ""]
+    q: Float[Array, " n"]
+    p: Float[Array, " n"]
+    v: Float[Array, " n"]
+    lam: Float[Array, " m"]
+    stages: Float[Array, "s n"]
+    lams: Float[Array, "s m"]
+
+
+def _check_hypotheses(pair: tb.PartitionedTableau) -> None:
+    a, b = np.asarray(pair.q.a, float), np.asarray(pair.q.b, float)
+    ahat = np.asarray(pair.p.a, float)
+    problems = []
+    if a.shape[0] < 2:
+        problems.append("s >= 2 stages")
+    if np.max(np.abs(a[0])) > _H_TOL:
+        problems.append("H1: a_1j = 0")
+    if a.shape[0] > 1 and abs(np.linalg.det(a[1:, 1:])) < 1e-12:
+        problems.append("H2: (a_ij), i,j >= 2, invertible")
+    if np.max(np.abs(a[-1] - b)) > _H_TOL:
+        problems.append("H3: a_sj = b_j (stiffly accurate)")
+    if np.max(np.abs(ahat[:, -1])) > _H_TOL:
+        problems.append("H1': â_is = 0")
+    if np.max(np.abs(ahat[:, 0] - b[0])) > _H_TOL:
+        problems.append("H2': â_i1 = b_1")
+    if problems:
+        raise ValueError(
+            f"NonholonomicVPRK needs a tableau pair satisfying the hypotheses H1--H3 and "
+            f"H1'--H2' of Martín de Diego & Sato Martín de Almagro (2022), §4.3; {pair.name} "
+            f"violates {', '.join(problems)}. Use Lobatto IIIA-IIIB: NonholonomicVPRK.lobatto(s).")
+
+
+class NonholonomicVPRK(AbstractPRK):
+    """Nonholonomic partitioned Runge--Kutta method (eq. (14) of Martín de Diego & Sato
+    Martín de Almagro (2022)) for a :class:`vijax.NonholonomicSystem`.
+
+    Presets :meth:`lobatto` (``s = 2..5`` stages).  Global orders (their Corollary 5.2.1):
+    ``2s - 2`` in ``q`` and ``p``; in the multiplier ``λ``, ``s`` for even ``s`` and
+    ``s - 1`` for odd ``s``.  These orders need the exact initial multiplier: :meth:`init`
+    computes it with :func:`vijax.constraints.nonholonomic_multiplier` (a wrong ``λ0`` is
+    never damped and costs the order for ``s >= 3``).
+
+    The constraints may be linear, affine or nonlinear in ``v`` (any ``constraint_form``):
+    they are imposed at every stage ``(Q^i, v^i)`` to the solver's tolerance, the last stage
+    being the node.  The method is not symplectic (nonholonomic flows are not); the Lobatto
+    pairs are symmetric.  The Lagrangian may be any regular one: for systems declared
+    ``quadratic_in_velocity`` the stage velocities ``v^i`` are one linear solve from ``p^i``,
+    otherwise they join the unknowns.
+
+    Per step the unknowns are the stage velocities ``V^1..V^s``, the impulses
+    ``h Λ^2..h Λ^s`` (scaled so that the Newton matrix stays conditioned as ``h -> 0``) and,
+    for non-quadratic Lagrangians, ``v^2..v^s``; the default solver is full
+    :class:`~vijax.solvers.Newton`.
+    """
+
+    tableau: tb.PartitionedTableau
+    solver: AbstractRootSolver
+
+    symplectic = False
+    supported = frozenset({NonholonomicSystem, ForcedSystem, TimeDependentSystem})
+    required = frozenset({NonholonomicSystem})
+
+    def __init__(self, tableau, solver: AbstractRootSolver | None = None):
+        pair = VPRK(tableau).tableau
+        _check_hypotheses(pair)
+        self.tableau = pair
+        self.solver = Newton() if solver is None else solver
+
+    @classmethod
+    def lobatto(cls, s: int, **kwargs) -> "NonholonomicVPRK":
+        """Nonholonomic Lobatto IIIA--IIIB, ``s >= 2`` stages: order ``2s - 2`` in ``q, p``."""
+        return cls(tb.lobatto_iiia_iiib(s), **kwargs)
+
+    @classmethod
+    def presets(cls) -> list[tuple[str, AbstractIntegrator]]:
+        return [(f"NonholonomicVPRK.lobatto({s})", cls.lobatto(s)) for s in (2, 3, 4, 5)]
+
+    @property
+    def name(self) -> str:
+        return f"NonholonomicVPRK[{self.tableau.name}]"
+
+    @property
+    def multiplier_order(self) -> int:
+        """Global order of the multiplier: ``s`` for even ``s``, ``s - 1`` for odd ``s``
+        (their Corollary 5.2.1)."""
+        s = self.stages
+        return s if s % 2 == 0 else s - 1
+
+    # -- initial data -------------------------------------------------------------------------
+    def check_initial(self, system: LagrangianSystem, q0: Vector, v0: Vector, tol: float
+                      ) -> tuple[Vector, Vector]:
+        return cons.check_nonholonomic_consistent(system, q0, v0, tol)
+
+    def init(self, system: LagrangianSystem, t0: ScalarLike, q0: Vector, v0: Vector,
+             lam0: Vector | None = None) -> NonholonomicState:
+        """The state at ``t0``.  ``λ0`` is the exact multiplier
+        (:func:`vijax.constraints.nonholonomic_multiplier`, with zero controls for a
+        controlled system) unless ``lam0`` is given; a given ``lam0`` that differs from it
+        is used as passed, with a warning that reports the difference."""
+        t0 = jnp.asarray(t0, q0.dtype)
+        exact, p0 = _initial_data(system, t0, q0, v0)
+        if lam0 is None:
+            lam0 = exact
+        else:
+            lam0 = jnp.asarray(lam0, q0.dtype).reshape(exact.shape)
+            _warn_if_inconsistent(lam0, exact)
+        s = self.stages
+        return NonholonomicState(
+            t=t0, q=q0, p=p0, v=v0, lam=lam0, stages=jnp.broadcast_to(v0, (s,) + v0.shape),
+            lams=jnp.broadcast_to(lam0, (s,) + lam0.shape))
+
+    # -- the step equations -------------------------------------------------------------------
+    def _explicit_velocities(self, system) -> bool:
+        return bool(system.quadratic_in_velocity)
+
+    def stage_equations(self, system, state: NonholonomicState, h: ScalarLike, X, force=None):
+        """Residual of eq. (14) at the unknowns ``X = (V, μ, w)`` (``μ^i = h Λ^i`` for
+        ``i >= 2``; ``w = v^2..v^s`` for non-quadratic Lagrangians, else ``None``) and, as
+        auxiliary output, the stage positions ``Q^i``, momenta ``p^i`` and velocities
+        ``v^i`` (``i = 1..s``)."""
+        a, ahat, _ = self._coefficients(state.q.dtype)
+        q, p = state.q, state.p
+        V, mus, w = X
+        times = state.t + h * jnp.asarray(self.tableau.q.c, q.dtype)
+        Q = q[None, :] + h * mm(a, V)
+        D1, D2 = _at(system, times, lambda sy, x, y: sy.derivatives(x, y), Q, V)
+        if force is not None:
+            D1 = D1 + force(Q, V)
+        A = jax.vmap(system.constraint_matrix)(Q, V)                     # (s, m, n)
+        mu = jnp.concatenate([(h * state.lam)[None, :], mus])            # impulses h Λ^i
+        hW = h * D1 + jnp.einsum("imn,im->in", A, mu)
+        P = p[None, :] + mm(ahat, hW)
+        ps = p[None, :] + mm(a, hW)                                      # p^i, IIIA weights
+        if w is None:
+            vs = _at(system, times, lambda sy, x, y, g: sy.velocity(x, y, g), Q, ps, V)
+            legendre = ()
+        else:
+            vs = jnp.concatenate([state.v[None, :], w])
+            legendre = (_at(system, times[1:], lambda sy, x, y: sy.momentum(x, y), Q[1:], w)
+                        - ps[1:],)
+        phi = jax.vmap(system.nonholonomic)(Q[1:], vs[1:])
+        return (D2 - P, phi) + legendre, (Q, ps, vs)
+
+    def _predictor(self, state: NonholonomicState, h, explicit: bool):
+        c = np.asarray(self.tableau.q.c)
+        extrap = jnp.asarray(lagrange_extrapolation_matrix(c, 1.0 + c), state.q.dtype)
+        V0 = mm(extrap, state.stages)
+        mus0 = h * mm(extrap, state.lams)[1:]
+        w0 = None if explicit else V0[1:] + (state.v - state.stages[-1])[None, :]
+        return (V0, mus0, w0)
+
+    def step(self, system: LagrangianSystem, state: NonholonomicState, h: ScalarLike, u=None
+             ) -> tuple[NonholonomicState, SolverStats]:
+        force = self._force(system, state, h, u)
+        explicit = self._explicit_velocities(system)
+        X0 = self._predictor(state, h, explicit)
+        X, (Q, ps, vs), stats = self.solver.solve(
+            lambda X: self.stage_equations(system, state, h, X, force), X0, has_aux=True)
+        V, mus, _ = X
+        lams = jnp.concatenate([state.lam[None, :], mus / h])
+        new = NonholonomicState(t=state.t + h, q=Q[-1], p=ps[-1], v=vs[-1], lam=lams[-1],
+                                stages=V, lams=lams)
+        return new, stats
+
+    def stage_values(self, system: LagrangianSystem, prev: NonholonomicState,
+                     new: NonholonomicState, h: ScalarLike, u=None):
+        """The stages ``(Q^i, p^i, v^i)`` of the step ``prev -> new`` (``i = 1..s``),
+        recomputed from the stored ``V^i`` and ``Λ^i``: where the constraint
+        ``Φ(Q^i, v^i) = 0`` is imposed."""
+        force = self._force(system, prev, h, u)
+        w = None if self._explicit_velocities(system) else new.stages[1:]
+        _, (Q, ps, _) = self.stage_equations(system, prev, h, (new.stages, h * new.lams[1:], w),
+                                             force)
+        times = prev.t + h * jnp.asarray(self.tableau.q.c, prev.q.dtype)
+        vs = _at(system, times, lambda sy, x, y, g: sy.velocity(x, y, g), Q, ps, new.stages)
+        return Q, ps, vs
+
+    def velocity(self, system: LagrangianSystem, state: NonholonomicState) -> Vector:
+        return state.v
+
+
+@eqx.filter_jit
+def _initial_data(system, t0, q0, v0):
+    """The exact multiplier and the momentum at ``(t0, q0, v0)`` (compiled: an eager ``init``
+    costs one compilation, not one dispatch per primitive)."""
+    return (cons.nonholonomic_multiplier(system, q0, v0, t0),
+            system.at(t0).momentum(q0, v0))
+
+
+def _at(system, times, fn, *args):
+    """``fn(system.at(t_i), *args_i)`` over the leading axis (:func:`jax.vmap`): every
+    derivative of a :class:`vijax.TimeDependentSystem` is taken at its stage time."""
+    if isinstance(system, TimeDependentSystem):
+        return jax.vmap(lambda t, *x: fn(system.at(t), *x))(times, *args)
+    return jax.vmap(lambda *x: fn(system, *x))(*args)
+
+
+def _warn_if_inconsistent(lam0, exact):
+    """Warn (eagerly, or from the compiled code through a callback) when a passed ``λ0``
+    differs from the exact multiplier by more than ``sqrt(eps)`` relative."""
+    gap = jnp.max(jnp.abs(lam0 - exact))
+    tol = float(jnp.finfo(lam0.dtype).eps) ** 0.5 * (1.0 + jnp.max(jnp.abs(exact)))
+
+    def warn(gap, tol):
+        if float(gap) > float(tol):
+            warnings.warn(
+                f"lam0 differs from the exact multiplier of the continuous problem by "
+                f"{float(gap):.3e} (residual max|lam0 - λ(q0, v0)|): NonholonomicVPRK then "
+                f"loses its order for s >= 3 (Martín de Diego & Sato Martín de Almagro (2022), "
+                f"Thm 5.1 assumes the exact λ0). Leave lam0 out to use "
+                f"vijax.constraints.nonholonomic_multiplier(system, q0, v0).",
+                UserWarning, stacklevel=4)
+
+    if is_traced((gap, tol)):
+        jax.debug.callback(warn, gap, tol)
+    else:
+        warn(gap, tol)
