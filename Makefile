@@ -19,9 +19,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
-## The default suite (float64, CPU): under 10 minutes on 2 cores.
+## The default suite (float64, CPU), on $(JOBS) workers.  A test that fails is run once more,
+## alone in a fresh process: the XLA CPU compiler has segfaulted twice in ~10^3 compilations of
+## a long-lived worker (a different test each time, each passing on its own; under
+## investigation), which kills the worker and fails the test it was running.  A real failure
+## fails again and the target fails.
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(JOBS) -q
+	$(BIN)/python -m pytest -n $(JOBS) -q || $(BIN)/python -m pytest -q --last-failed --last-failed-no-failures none
 
 ## Everything, including the long verification runs marked `slow`.
 test-all: $(STAMP)

@@ -351,6 +351,7 @@ def test_double_pendulum_angular_momentum(integ):
     assert hidden <= 1e-12
 
 
+@pytest.mark.slow  # a long run: make test-all
 def test_energy_bounded_over_1e5_steps():
     """Bounded energy without drift over 10⁵ steps (planar pendulum, (2,2,4,G), h = 0.05)."""
     system = SpringPendulum()
@@ -365,6 +366,7 @@ def test_energy_bounded_over_1e5_steps():
     assert abs(vj.diagnostics.drift(sol.t, de).t_statistic) < 3
 
 
+@pytest.mark.slow  # a long run: make test-all
 def test_fig2_higher_order_with_larger_step_has_smaller_energy_error():
     """Fig. 2 (§4.2): A = (5,4,10,G) at h = 0.1 beats B = (5,3,8,L) at
     h = 0.01 over T = 50; neither drifts."""

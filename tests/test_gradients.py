@@ -117,9 +117,10 @@ FD_CASES = [
     ("kepler", "gauss2"), ("kepler", "lobatto3"),
 ]
 # The pendulum cases (constant mass, as Kepler here and Hénon-Heiles in tests/test_contract.py,
-# which runs every preset) with -m slow.
+# which runs every preset) and Lobatto IIIA-IIIB on the others (the contract test checks every
+# preset's gradient against central differences) with -m slow.
 FD_PARAMS = [pytest.param(s, m, id=f"{s}-{m}",
-                          marks=[pytest.mark.slow] if s == "pendulum" else [])
+                          marks=[pytest.mark.slow] if s == "pendulum" or m == "lobatto3" else [])
              for s, m in FD_CASES]
 PROBLEMS = {"pendulum": pendulum_problem, "double_pendulum": double_pendulum_problem,
             "kepler": kepler_problem}

@@ -564,3 +564,39 @@ def test_chaotic_energy_error_scales_with_twice_the_order():
             e = jax.vmap(jax.vmap(system.energy))(ens.q, ens.v)[:, -1]
             scaled.append(float(jnp.mean((e - 3.06) ** 2)) / h ** (2 * integ.order))
         assert abs(scaled[0] / scaled[1] - 1.0) <= 0.2, (s, scaled)
+
+
+@pytest.mark.slow
+def test_energy_variance_example_quick(tmp_path):
+    """examples/chaotic_energy_variance.py at reduced size (64 members, t = 1; four
+    compilations, hence slow): it writes its JSON and figure."""
+    import importlib.util
+    import json
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "chaotic_energy_variance.py"
+    spec = importlib.util.spec_from_file_location("chaotic_energy_variance", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    with jax.numpy_rank_promotion("allow"):   # the example is user code, written loosely
+        result = example.main(["--members", "64", "--t-end", "1", "--out", str(tmp_path)])
+    assert (tmp_path / "chaotic_energy_variance.png").exists()
+    saved = json.loads((tmp_path / "chaotic_energy_variance.json").read_text())
+    assert saved["members"] == 64 and set(saved["runs"]) == set(result["runs"])
+    for run in result["runs"].values():
+        mu = np.asarray(run["mu"])
+        assert mu[0] < 1e-20 and np.all(np.isfinite(mu)) and mu[-1] > 0
+
+
+def test_energy_variance_is_the_mean_squared_energy_error():
+    """``vj.diagnostics.energy_variance`` against the mean over the members of the squared
+    energy error, computed by hand from an ensemble sampled on the energy sheet."""
+    system = vj.systems.ChaoticNonholonomic()
+    q0, v0 = system.sample_energy_sheet(jax.random.PRNGKey(1), 4)
+    ens = vj.simulate_ensemble(system, vj.NonholonomicVPRK.lobatto(2), q0=q0, v0=v0, dt=0.1,
+                               n_steps=4, save_every=2)
+    e = np.array([[float(system.energy(ens.q[j, k], ens.v[j, k])) for k in range(3)]
+                  for j in range(4)])
+    np.testing.assert_allclose(e[:, 0], 3.06, rtol=1e-13)
+    mu = np.asarray(vj.diagnostics.energy_variance(system, ens))
+    np.testing.assert_allclose(mu, np.mean((e - e[:, :1]) ** 2, axis=0), rtol=1e-10, atol=1e-30)

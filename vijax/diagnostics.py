@@ -28,6 +28,7 @@ __all__ = [
     "symplectic_forms",
     "SymplecticForms",
     "euler_lagrange_rhs",
+    "energy_variance",
     "reference_solution",
     "ConvergenceStudy",
     "convergence_study",
@@ -39,6 +40,20 @@ def energy(system: LagrangianSystem, sol: Solution) -> Times:
     """Energy ``E(q, v)`` at every saved point of a :class:`~vijax.Solution` (of
     ``L(t, ·, ·)`` at the saved times for a :class:`vijax.TimeDependentSystem`)."""
     return jax.vmap(lambda t, q, v: system.at(t).energy(q, v))(sol.t, sol.q, sol.v)
+
+
+def energy_variance(system: LagrangianSystem, ensemble: Solution,
+                    reference: Optional[ScalarLike] = None) -> Times:
+    """``μ(E, k) = mean_j (E_jk - E_j0)²``: the mean squared energy error over the members
+    of an ensemble (a :class:`~vijax.Solution` from :func:`vijax.simulate_ensemble`, arrays
+    with a leading member axis) at every saved point ``k`` -- the statistic of Martín de Diego
+    & Sato Martín de Almagro (2022), eq. (33), whose growth tells a random walk of the energy
+    (``μ ∝ t``) from a drift (``μ ∝ t²``).  ``reference``: a common initial energy ``E0``
+    instead of each member's own."""
+    e = jax.vmap(lambda t, q, v: jax.vmap(lambda ti, qi, vi: system.at(ti).energy(qi, vi))(
+        t, q, v))(ensemble.t, ensemble.q, ensemble.v)
+    e0 = e[:, :1] if reference is None else jnp.asarray(reference, e.dtype)
+    return jnp.mean((e - e0) ** 2, axis=0)
 
 
 def energy_error(system: LagrangianSystem, sol: Solution, relative: bool = False) -> Times:

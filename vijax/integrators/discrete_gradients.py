@@ -413,8 +413,8 @@ class DiscreteGradient(AbstractIntegrator):
 
     @classmethod
     def presets(cls) -> list[tuple[str, AbstractIntegrator]]:
-        return [("DiscreteGradient.avf()", cls.avf()),
-                ("DiscreteGradient.gonzalez()", cls.gonzalez()),
+        return [("DiscreteGradient.gonzalez()", cls.gonzalez()),
+                ("DiscreteGradient.avf()", cls.avf()),
                 ("DiscreteGradient.itoh_abe()", cls.itoh_abe()),
                 ("DiscreteGradient.gonzalez_full()", cls.gonzalez_full())]
 
