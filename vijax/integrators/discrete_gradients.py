@@ -320,7 +320,36 @@ class DiscreteGradientState(AbstractState):
     signs: Float[Array, " k"]
 
 
-class DiscreteGradient(AbstractIntegrator):
+class AbstractLinearNonholonomicMethod(AbstractIntegrator):
+    """What the midpoint-type methods for linear nonholonomic constraints share (the discrete
+    gradients here and the discrete Lagrange--d'Alembert baselines of :mod:`.dla`): they
+    require a :class:`vijax.NonholonomicSystem` declaring ``constraint_form = "linear"``
+    (refusing the others by naming :class:`vijax.NonholonomicVPRK`), take forces at the step
+    midpoint, and refuse initial velocities off the constraint."""
+
+    supported = frozenset({NonholonomicSystem, ForcedSystem})
+    required = frozenset({NonholonomicSystem})
+
+    def force_nodes(self) -> np.ndarray:
+        """The step midpoint: ``F(t + h/2, q̄, (q' - q)/h)``."""
+        return np.array([0.5])
+
+    def force_weights(self) -> np.ndarray:
+        return np.array([1.0])
+
+    def accepts(self, system) -> bool:
+        return super().accepts(system) and system.constraint_form == "linear"
+
+    def check_system(self, system) -> None:
+        if AbstractIntegrator.accepts(self, system):
+            require_linear_constraints(self, system)
+        super().check_system(system)
+
+    def check_initial(self, system, q0, v0, tol):
+        return check_nonholonomic_consistent(system, q0, v0, tol)
+
+
+class DiscreteGradient(AbstractLinearNonholonomicMethod):
     """Discrete-gradient integrators for mechanical systems with linear nonholonomic
     constraints (Celledoni, Farré Puiggalí, Høiseth & Martín de Diego (2016), eqs. (14)--(15)).
 
@@ -355,8 +384,6 @@ class DiscreteGradient(AbstractIntegrator):
 
     symplectic = False
     system_type = MechanicalSystem
-    supported = frozenset({NonholonomicSystem, ForcedSystem})
-    required = frozenset({NonholonomicSystem})
 
     def __init__(self, gradient: Literal["avf", "gonzalez", "itoh_abe"] = "gonzalez",
                  nodes: int = 12, formulation: Literal["reduced", "full"] = "reduced",
@@ -436,29 +463,14 @@ class DiscreteGradient(AbstractIntegrator):
     def symmetric(self) -> bool:
         return self.gradient != "itoh_abe"
 
-    def force_nodes(self) -> np.ndarray:
-        """The step midpoint: ``F(t + h/2, q̄, (q' - q)/h)``."""
-        return np.array([0.5])
-
-    def force_weights(self) -> np.ndarray:
-        return np.array([1.0])
-
     # -- systems and initial data ----------------------------------------------------------
-    def accepts(self, system) -> bool:
-        return super().accepts(system) and system.constraint_form == "linear"
-
     def check_system(self, system) -> None:
-        if super().accepts(system):
-            require_linear_constraints(self, system)
         if (self.frame == "system" and isinstance(system, NonholonomicSystem)
                 and type(system).distribution_frame is NonholonomicSystem.distribution_frame):
             raise ValueError(f"frame='system' reads {type(system).__name__}."
                              f"distribution_frame(q) (an (n, m) matrix whose columns span the "
                              f"constraint distribution); define it or use frame='qr'.")
         super().check_system(system)
-
-    def check_initial(self, system, q0, v0, tol):
-        return check_nonholonomic_consistent(system, q0, v0, tol)
 
     def init(self, system, t0: ScalarLike, q0: Vector, v0: Vector) -> DiscreteGradientState:
         require_linear_constraints(self, system)

@@ -35,16 +35,15 @@ from typing import Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float
 
 from .. import _linalg
 from .._typing import ScalarLike, Vector
 from ..solvers import AbstractRootSolver, Newton, SolverStats
-from ..systems import ForcedSystem, MechanicalSystem, NonholonomicSystem
+from ..systems import MechanicalSystem
 from ._base import AbstractIntegrator, AbstractState, IncompatibleSystemError, accepting
-from ..constraints import check_nonholonomic_consistent
-from .discrete_gradients import constraint_forms, require_linear_constraints
+from .discrete_gradients import (AbstractLinearNonholonomicMethod, constraint_forms,
+                                 require_linear_constraints)
 
 __all__ = ["DiscreteLagrangeDAlembert", "DLAState"]
 
@@ -58,7 +57,7 @@ class DLAState(AbstractState):
     v: Float[Array, " n"]
 
 
-class DiscreteLagrangeDAlembert(AbstractIntegrator):
+class DiscreteLagrangeDAlembert(AbstractLinearNonholonomicMethod):
     """Discrete Lagrange--d'Alembert integrators for mechanical systems with linear
     nonholonomic constraints (McLachlan & Perlmutter (2006)).
 
@@ -72,8 +71,6 @@ class DiscreteLagrangeDAlembert(AbstractIntegrator):
 
     symplectic = False
     system_type = MechanicalSystem
-    supported = frozenset({NonholonomicSystem, ForcedSystem})
-    required = frozenset({NonholonomicSystem})
 
     def __init__(self, scheme: Literal["semi_implicit", "implicit"] = "semi_implicit",
                  solver: AbstractRootSolver | None = None):
@@ -114,19 +111,12 @@ class DiscreteLagrangeDAlembert(AbstractIntegrator):
     def symmetric(self) -> bool:
         return True
 
-    def force_nodes(self) -> np.ndarray:
-        return np.array([0.5])
-
-    def force_weights(self) -> np.ndarray:
-        return np.array([1.0])
-
     def _constant_mass_ok(self, system) -> bool:
         return self.scheme == "implicit" or (isinstance(system, MechanicalSystem)
                                              and system.constant_mass)
 
     def accepts(self, system) -> bool:
-        return (super().accepts(system) and self._constant_mass_ok(system)
-                and system.constraint_form == "linear")
+        return super().accepts(system) and self._constant_mass_ok(system)
 
     def check_system(self, system) -> None:
         if AbstractIntegrator.accepts(self, system):
@@ -140,9 +130,6 @@ class DiscreteLagrangeDAlembert(AbstractIntegrator):
                     f"vijax.DiscreteLagrangeDAlembert.implicit() or "
                     f"vijax.DiscreteGradient.gonzalez(). Methods that accept it: {others}.")
         super().check_system(system)
-
-    def check_initial(self, system, q0, v0, tol):
-        return check_nonholonomic_consistent(system, q0, v0, tol)
 
     def init(self, system, t0: ScalarLike, q0: Vector, v0: Vector) -> DLAState:
         require_linear_constraints(self, system)
