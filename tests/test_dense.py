@@ -97,18 +97,23 @@ def dense_reference(system, q0, v0, ts):
 # node velocities, O(h^2)); the Galerkin configuration polynomial of degree s likewise.  In the
 # Lobatto IIIA-IIIB pair the stage velocities come from the IIIB stage momenta, whose stage
 # order is s - 2: q is O(h^s) and v, p O(h^(s-1)).
-ORDERS = [
-    (vj.VPRK.midpoint(), 2, 2, 2),
-    (vj.VPRK.gauss(2), 3, 2, 2),
-    (vj.VPRK.gauss(3), 4, 3, 3),
-    (vj.VPRK.lobatto(3), 3, 2, 2),
-    (vj.VPRK.lobatto(4), 4, 3, 3),
-    (vj.GalerkinVI.gauss(2), 3, 2, 2),
-    (vj.GalerkinVI.gauss(3), 4, 3, 3),
+# (integrator, orders of q, v, p, in the default run).  Default run: one Gauss, one Lobatto and
+# one Galerkin case (the interpolation code is the family's, the stage count a number); the
+# others with -m slow.
+_ORDERS = [
+    (vj.VPRK.midpoint(), 2, 2, 2, False),
+    (vj.VPRK.gauss(2), 3, 2, 2, True),
+    (vj.VPRK.gauss(3), 4, 3, 3, False),
+    (vj.VPRK.lobatto(3), 3, 2, 2, True),
+    (vj.VPRK.lobatto(4), 4, 3, 3, False),
+    (vj.GalerkinVI.gauss(2), 3, 2, 2, True),
+    (vj.GalerkinVI.gauss(3), 4, 3, 3, False),
 ]
+ORDERS = [pytest.param(i, oq, ov, op, id=i.name, marks=[] if default else [pytest.mark.slow])
+          for i, oq, ov, op, default in _ORDERS]
 
 
-@pytest.mark.parametrize("integ,oq,ov,op", ORDERS, ids=[i.name for i, *_ in ORDERS])
+@pytest.mark.parametrize("integ,oq,ov,op", ORDERS)
 def test_dense_output_order(integ, oq, ov, op):
     q0, v0 = jnp.array([1.2]), jnp.array([0.3])
     ts = np.linspace(0.0, T_END, 137)[1:-1]  # not on any grid below

@@ -357,6 +357,58 @@ def test_simplified_newton_agrees_with_newton():
 
 
 # --------------------------------------------------------------------------------------------
+# Hamiltonian form (eq. (15), Appendix E)
+# --------------------------------------------------------------------------------------------
+class CurvedParticle(vj.MechanicalSystem, vj.NonholonomicSystem):
+    """The particle with a configuration-dependent mass matrix
+    ``diag(1 + 0.3 y², 1, 1 + 0.2 x²)``: ``∂²H/∂p²`` is not the identity, so the one-forms
+    ``♭_H(D2Ψ)`` of the Hamiltonian form differ from ``D2Ψ``."""
+
+    k: float = 1.0
+    constraint_form = "linear"
+
+    def mass_matrix(self, q):
+        return jnp.diag(jnp.stack([1.0 + 0.3 * q[1] ** 2, jnp.ones((), q.dtype),
+                                   1.0 + 0.2 * q[0] ** 2]))
+
+    def potential(self, q):
+        return 0.5 * self.k * (q[0] ** 2 + q[1] ** 2)
+
+    def nonholonomic(self, q, v):
+        return jnp.atleast_1d(v[2] - q[1] * v[0])
+
+
+@pytest.mark.parametrize("s", [2, 3])
+def test_hamiltonian_form_gives_the_lagrangian_trajectory(s):
+    """The Hamiltonian form (derivatives of ``H = E_L∘FL^{-1}``, one-forms
+    ``D2Ψ (∂²H/∂p²)^{-1}`` by autodiff; unknowns ``V, P, hΛ``) and the Lagrangian form (eq.
+    (14)) are the same method for a hyperregular Lagrangian: equal trajectories to solver
+    tolerance on a curved mass matrix, with damping, and with a pulsating potential."""
+    cases = [(CurvedParticle(), None), (DampedParticle(c=0.3), None),
+             (PulsingParticle(), None)]
+    q0, v0 = PARTICLE.initial_conditions()
+    lag = vj.NonholonomicVPRK.lobatto(s)
+    ham = vj.NonholonomicVPRK.lobatto(s, form="hamiltonian")
+    assert ham.name == f"NonholonomicVPRK[{lag.tableau.name}, hamiltonian]"
+    for system, _ in cases:
+        st_l, ok_l = _run(lag, system, lag.init(system, 0.0, q0, v0), jnp.asarray(0.1),
+                          jnp.asarray(20))
+        st_h, ok_h = _run(ham, system, ham.init(system, 0.0, q0, v0), jnp.asarray(0.1),
+                          jnp.asarray(20))
+        assert bool(ok_l) and bool(ok_h)
+        assert float(jnp.max(jnp.abs(st_l.q - q0))) > 0.1       # it moved
+        for a, b in ((st_l.q, st_h.q), (st_l.p, st_h.p), (st_l.v, st_h.v),
+                     (st_l.lam, st_h.lam)):
+            np.testing.assert_allclose(a, b, atol=1e-12, err_msg=type(system).__name__)
+        assert float(jnp.max(jnp.abs(system.nonholonomic(st_h.q, st_h.v)))) <= 1e-13
+
+
+def test_unknown_form_is_refused():
+    with pytest.raises(ValueError, match="'lagrangian'.*'hamiltonian'"):
+        vj.NonholonomicVPRK.lobatto(3, form="symplectic")
+
+
+# --------------------------------------------------------------------------------------------
 # Forcing
 # --------------------------------------------------------------------------------------------
 def test_damped_particle_keeps_the_order_and_loses_energy():

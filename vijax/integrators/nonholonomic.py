@@ -15,6 +15,14 @@ The constraint is imposed on the new stage momenta ``p^i`` (stage order ``s``), 
 IIIB momenta ``P^i`` (stage order ``s - 2``), and the node velocity is ``v_{k+1} = v^s``, not
 the low-order ``V^s``.  With a :class:`vijax.ForcedSystem` the stage forces
 ``F(t_k + c_i h, Q^i, V^i, U^i)`` join ``W^i`` (discrete Lagrange--d'Alembert principle).
+
+The Hamiltonian form (their eq. (15), Appendix E; ``form="hamiltonian"``) writes the same
+step with ``H(q, p) = E_L(q, FL^{-1}(q, p))`` and ``Ψ(q, p) = Φ(q, ∂H/∂p)``:
+
+    V^i = ∂H/∂p(Q^i, P^i),   W^i = ∂H/∂q(Q^i, P^i) - ♭_H(D2Ψ)(Q^i, P^i)^T Λ^i - F^i,
+    P^i = p_k - h sum_j â_ij W^j,   p^i = p_k - h sum_j a_ij W^j,   Ψ(Q^i, p^i) = 0,
+
+with ``♭_H(D2Ψ) = D2Ψ (∂²H/∂p²)^{-1}`` (here ``W`` is minus the generalised force).
 """
 
 from __future__ import annotations
@@ -82,6 +90,9 @@ def _check_hypotheses(pair: tb.PartitionedTableau) -> None:
             f"violates {', '.join(problems)}. Use Lobatto IIIA-IIIB: NonholonomicVPRK.lobatto(s).")
 
 
+_FORMS = ("lagrangian", "hamiltonian")
+
+
 class NonholonomicVPRK(AbstractPRK):
     """Nonholonomic partitioned Runge--Kutta method (eq. (14) of Martín de Diego & Sato
     Martín de Almagro (2022)) for a :class:`vijax.NonholonomicSystem`.
@@ -103,24 +114,39 @@ class NonholonomicVPRK(AbstractPRK):
     ``h Λ^2..h Λ^s`` (scaled so that the Newton matrix stays conditioned as ``h -> 0``) and,
     for non-quadratic Lagrangians, ``v^2..v^s``; the default solver is full
     :class:`~vijax.solvers.Newton`.
+
+    ``form="hamiltonian"`` solves the Hamiltonian form of the same method (their eq. (15),
+    Appendix E) in the unknowns ``V^i``, ``P^i`` and ``h Λ^2..h Λ^s``, with every derivative
+    taken from ``system.hamiltonian`` (``H = E_L∘FL^{-1}``; a closed form where the class
+    gives one, e.g. ``½ pᵀM^{-1}p + U`` for a :class:`vijax.MechanicalSystem`) and the
+    constraint one-forms ``♭_H(D2Ψ)`` built from ``Ψ(q, p) = Φ(q, ∂H/∂p)`` by autodiff.  For a
+    hyperregular Lagrangian both forms give the same trajectory to solver tolerance; the
+    Lagrangian form has ``n s`` fewer unknowns and is the default.
     """
 
     tableau: tb.PartitionedTableau
     solver: AbstractRootSolver
+    form: str = eqx.field(static=True)
 
     symplectic = False
     supported = frozenset({NonholonomicSystem, ForcedSystem, TimeDependentSystem})
     required = frozenset({NonholonomicSystem})
 
-    def __init__(self, tableau, solver: AbstractRootSolver | None = None):
+    def __init__(self, tableau, solver: AbstractRootSolver | None = None,
+                 form: str = "lagrangian"):
         pair = VPRK(tableau).tableau
         _check_hypotheses(pair)
+        if form not in _FORMS:
+            raise ValueError(f"NonholonomicVPRK: form={form!r}; use 'lagrangian' (eq. (14)) or "
+                             f"'hamiltonian' (eq. (15)).")
         self.tableau = pair
         self.solver = Newton() if solver is None else solver
+        self.form = form
 
     @classmethod
     def lobatto(cls, s: int, **kwargs) -> "NonholonomicVPRK":
-        """Nonholonomic Lobatto IIIA--IIIB, ``s >= 2`` stages: order ``2s - 2`` in ``q, p``."""
+        """Nonholonomic Lobatto IIIA--IIIB, ``s >= 2`` stages: order ``2s - 2`` in ``q, p``
+        (``form="hamiltonian"`` for the Hamiltonian form)."""
         return cls(tb.lobatto_iiia_iiib(s), **kwargs)
 
     @classmethod
@@ -129,7 +155,8 @@ class NonholonomicVPRK(AbstractPRK):
 
     @property
     def name(self) -> str:
-        return f"NonholonomicVPRK[{self.tableau.name}]"
+        form = "" if self.form == "lagrangian" else ", hamiltonian"
+        return f"NonholonomicVPRK[{self.tableau.name}{form}]"
 
     @property
     def multiplier_order(self) -> int:
@@ -193,6 +220,35 @@ class NonholonomicVPRK(AbstractPRK):
         phi = jax.vmap(system.nonholonomic)(Q[1:], vs[1:])
         return (D2 - P, phi) + legendre, (Q, ps, vs)
 
+    def hamiltonian_stage_equations(self, system, state: NonholonomicState, h: ScalarLike, X,
+                                    force=None):
+        """Residual of the Hamiltonian form (eq. (15)) at the unknowns ``X = (V, P, μ)``
+        (``μ^i = h Λ^i``, ``i >= 2``) and, as auxiliary output, ``Q^i``, ``p^i`` and
+        ``v^i = ∂H/∂p(Q^i, p^i)``."""
+        a, ahat, _ = self._coefficients(state.q.dtype)
+        q, p = state.q, state.p
+        V, P, mus = X
+        times = state.t + h * jnp.asarray(self.tableau.q.c, q.dtype)
+        Q = q[None, :] + h * mm(a, V)
+
+        def pieces(sy, x, y):
+            Hq, Hp = jax.grad(sy.hamiltonian, argnums=(0, 1))(x, y)
+            psi_p = jax.jacfwd(lambda z: sy.nonholonomic(x, jax.grad(sy.hamiltonian, 1)(x, z))
+                               )(y)                                         # D2Ψ, (m, n)
+            Hpp = jax.hessian(sy.hamiltonian, argnums=1)(x, y)
+            flat = jnp.linalg.solve(Hpp, psi_p.T).T                       # ♭_H(D2Ψ)
+            return Hq, Hp, flat
+
+        Hq, Hp, flat = _at(system, times, pieces, Q, P)
+        mu = jnp.concatenate([(h * state.lam)[None, :], mus])            # impulses h Λ^i
+        hW = h * Hq - jnp.einsum("imn,im->in", flat, mu)
+        if force is not None:
+            hW = hW - h * force(Q, V)
+        ps = p[None, :] - mm(a, hW)                                       # p^i, IIIA weights
+        vs = _at(system, times, lambda sy, x, y: jax.grad(sy.hamiltonian, 1)(x, y), Q, ps)
+        phi = jax.vmap(system.nonholonomic)(Q[1:], vs[1:])
+        return (V - Hp, P - (p[None, :] - mm(ahat, hW)), phi), (Q, ps, vs)
+
     def _predictor(self, state: NonholonomicState, h, explicit: bool):
         c = np.asarray(self.tableau.q.c)
         extrap = jnp.asarray(lagrange_extrapolation_matrix(c, 1.0 + c), state.q.dtype)
@@ -204,11 +260,22 @@ class NonholonomicVPRK(AbstractPRK):
     def step(self, system: LagrangianSystem, state: NonholonomicState, h: ScalarLike, u=None
              ) -> tuple[NonholonomicState, SolverStats]:
         force = self._force(system, state, h, u)
-        explicit = self._explicit_velocities(system)
-        X0 = self._predictor(state, h, explicit)
-        X, (Q, ps, vs), stats = self.solver.solve(
-            lambda X: self.stage_equations(system, state, h, X, force), X0, has_aux=True)
-        V, mus, _ = X
+        if self.form == "hamiltonian":
+            V0, mus0, _ = self._predictor(state, h, True)
+            a = self._coefficients(state.q.dtype)[0]
+            times = state.t + h * jnp.asarray(self.tableau.q.c, state.q.dtype)
+            P0 = _at(system, times, lambda sy, x, y: sy.momentum(x, y),
+                     state.q[None, :] + h * mm(a, V0), V0)
+            X, (Q, ps, vs), stats = self.solver.solve(
+                lambda X: self.hamiltonian_stage_equations(system, state, h, X, force),
+                (V0, P0, mus0), has_aux=True)
+            V, _, mus = X
+        else:
+            explicit = self._explicit_velocities(system)
+            X0 = self._predictor(state, h, explicit)
+            X, (Q, ps, vs), stats = self.solver.solve(
+                lambda X: self.stage_equations(system, state, h, X, force), X0, has_aux=True)
+            V, mus, _ = X
         lams = jnp.concatenate([state.lam[None, :], mus / h])
         new = NonholonomicState(t=state.t + h, q=Q[-1], p=ps[-1], v=vs[-1], lam=lams[-1],
                                 stages=V, lams=lams)
