@@ -5,7 +5,9 @@ nonholonomic Lobatto IIIA-IIIB methods, and the mean squared energy error over t
 
     μ(E, k) = mean_j (E_jk - E0)²          (their eq. (33); vj.diagnostics.energy_variance)
 
-at every step. The energy performs a random walk (μ grows about linearly in t); scaled by
+at every step. Over this short horizon μ is dominated by a bounded O(h^(2·order)) oscillation of
+the energy error; the random walk underneath (μ ∝ t) shows over thousands of time units or once
+the oscillation is averaged out (docs/nonholonomic.md, "The random walk"). Scaled by
 h^(2·order) the curves of two step sizes collapse: μ/h⁴ for Lobatto-2, μ/h⁸ for Lobatto-3 (the
 paper's caption prints h¹⁰; h⁸ = h^(2·order) is what the data give, see docs/nonholonomic.md).
 

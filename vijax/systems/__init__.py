@@ -5,8 +5,8 @@ from ._base import (CAPABILITIES, ForcedSystem, HolonomicSystem, LagrangianSyste
 from .catalogue import (DoublePendulum, GeneralKepler, HarmonicOscillator, HenonHeiles, Kepler,
                         Pendulum, ShakenPendulum)
 from .nonholonomic import ChaoticNonholonomic, NonholonomicParticle
-from .rolling import (ChaplyginSleigh, CVTGearbox, QuarticNonholonomic, SuslovProblem,
-                      VerticalDisk)
+from .rolling import (ChaplyginSleigh, CVTGearbox, PendulumDrivenCVT, QuarticNonholonomic,
+                      SuslovProblem, VerticalDisk)
 from .constrained import (AbstractCartesianPendulum, CartesianPendulum, DoublePendulum3D, PolarPendulum,
                           SphericalPendulum)
 
@@ -16,4 +16,5 @@ __all__ = ["LagrangianSystem", "MechanicalSystem", "PointMassSystem", "Holonomic
            "DoublePendulum", "Kepler", "GeneralKepler", "HenonHeiles", "CartesianPendulum",
            "PolarPendulum", "SphericalPendulum", "DoublePendulum3D",
            "NonholonomicParticle", "ChaoticNonholonomic",
-           "VerticalDisk", "ChaplyginSleigh", "QuarticNonholonomic", "CVTGearbox", "SuslovProblem"]
+           "VerticalDisk", "ChaplyginSleigh", "QuarticNonholonomic", "CVTGearbox", "PendulumDrivenCVT",
+           "SuslovProblem"]

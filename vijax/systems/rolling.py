@@ -21,10 +21,10 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from ._base import MechanicalSystem, NonholonomicSystem
+from ._base import MechanicalSystem, NonholonomicSystem, PointMassSystem
 
 __all__ = ["VerticalDisk", "ChaplyginSleigh", "QuarticNonholonomic", "CVTGearbox",
-           "SuslovProblem"]
+           "PendulumDrivenCVT", "SuslovProblem"]
 
 
 class VerticalDisk(MechanicalSystem, NonholonomicSystem):
@@ -238,6 +238,75 @@ class CVTGearbox(MechanicalSystem, NonholonomicSystem):
         ``p1 = -sin(q3) p2``; the paper's random values are not given)."""
         q0 = jnp.asarray([0.00123015335748257, 0.2987455375084699, -0.2741378553622176])
         v0 = jnp.asarray([-0.12308715024015861, -0.45467078517172255, -0.9916465549964624])
+        return q0, v0
+
+
+class PendulumDrivenCVT(PointMassSystem, NonholonomicSystem):
+    """Pendulum-driven continuously variable transmission of Martín de Diego & Sato Martín de
+    Almagro (2022), §7.2 (after Modin & Verdier (2014)): ``q = (x, y, z)``, unit masses
+    (``m = 1``, the paper's; ``m`` scales the kinetic energy),
+
+        L = ½(x'² + y'² + z'²) - ½(x² + z² - 2 cos y + ε sin 2y),    Φ = z' + sin(y) x',
+
+        x'' = -x + λ sin y,   y'' = -sin y - ε cos 2y,   z'' = -z + λ,
+        λ = (z + x sin y - x' y' cos y) / (1 + sin² y).
+
+    The pendulum angle ``y`` (the driver) sets the gear ratio ``sin y`` between the two
+    oscillators ``x`` and ``z`` (the passenger).  The constraint does not involve ``y'``, so
+    the driver is an autonomous pendulum and its energy :meth:`driver_energy`
+    ``E_d = ½ y'² - cos y + (ε/2) sin 2y`` is a first integral of the continuous flow, as are
+    the passenger's :meth:`passenger_energy` ``E_p = ½(x'² + z'²) + ½(x² + z²)`` and the total
+    ``E_T = E_d + E_p`` (:meth:`energy`).
+
+    Differences from :class:`CVTGearbox` (Celledoni et al. (2016), §4.4): there the
+    constraint ``q1' + sin(q3) q2'`` has the gear ratio on the other oscillator's velocity,
+    the pendulum potential is ``cos q3 - ε sin 2q3`` (upright at ``q3 = 0``, ``ε = 1/5``) and
+    the initial state is a random one; here the pendulum hangs at ``y = 0`` with potential
+    ``-cos y + (ε/2) sin 2y`` (``ε = 1/2`` and ``ε = 0`` in the paper), and :meth:`initial`
+    gives the paper's two regimes, an oscillating and a rotating pendulum."""
+
+    eps: float = 0.5
+    ndim: ClassVar[int] = 3
+    constraint_form: ClassVar[str] = "linear"
+
+    def potential(self, q):
+        return (0.5 * (q[0] ** 2 + q[2] ** 2) - jnp.cos(q[1])
+                + 0.5 * self.eps * jnp.sin(2.0 * q[1]))
+
+    def nonholonomic(self, q, v):
+        return jnp.atleast_1d(v[2] + jnp.sin(q[1]) * v[0])
+
+    def distribution_frame(self, q):
+        """``X1 = (1, 0, -sin y)/√(1 + sin² y)``, ``X2 = ∂/∂y`` (orthonormal)."""
+        s = jnp.sin(q[1])
+        c = 1.0 / jnp.sqrt(1.0 + s ** 2)
+        return jnp.zeros((3, 2), q.dtype).at[0, 0].set(c).at[2, 0].set(-s * c).at[1, 1].set(1.0)
+
+    def driver_energy(self, q, v):
+        """``E_d = ½ m y'² - cos y + (ε/2) sin 2y``: the energy of the driving pendulum."""
+        y = q[..., 1]
+        return 0.5 * self.m * v[..., 1] ** 2 - jnp.cos(y) + 0.5 * self.eps * jnp.sin(2.0 * y)
+
+    def passenger_energy(self, q, v):
+        """``E_p = ½ m (x'² + z'²) + ½(x² + z²)``: the energy of the driven oscillators."""
+        return 0.5 * (self.m * (v[..., 0] ** 2 + v[..., 2] ** 2) + q[..., 0] ** 2
+                      + q[..., 2] ** 2)
+
+    @staticmethod
+    def initial(regime: str = "low"):
+        """``(q0, v0)`` of the paper's two regimes, ``q0 = (1, 0, 1)`` and ``λ0 = 1`` in both
+        (for every ``ε``: ``sin 2y = 0`` at ``y = 0``):
+
+        * ``"low"``: ``v0 = (0, 3√10/5, 0)``, ``E_d = 4/5``, ``E_p = 1``, ``E_T = 9/5``
+          (the pendulum oscillates);
+        * ``"high"``: ``v0 = (0, √8, 0)``, ``E_d = 3``, ``E_p = 1``, ``E_T = 4`` (the
+          pendulum rotates)."""
+        speeds = {"low": 3.0 * np.sqrt(10.0) / 5.0, "high": np.sqrt(8.0)}
+        if regime not in speeds:
+            raise ValueError(f"PendulumDrivenCVT.initial: regime={regime!r}; use 'low' (the "
+                             f"pendulum oscillates) or 'high' (it rotates).")
+        q0 = jnp.asarray([1.0, 0.0, 1.0])
+        v0 = jnp.asarray([0.0, float(speeds[regime]), 0.0])
         return q0, v0
 
 
