@@ -34,12 +34,18 @@ jax.config.update("jax_enable_x64", True)
 # tests/test_holonomic.py, a cold cache already saves 10 % of the run.  Keys include the
 # program and the compile options, so a cached executable is the one XLA would build.
 # Override the folder with VIJAX_TEST_JAX_CACHE ("" turns the cache off).
+#
+# Only compilations of at least a second are written.  Long-lived pytest-xdist workers have
+# segfaulted in five full runs (three different tests, each passing on its own); the crash
+# caught with a traceback was inside XLA's executable serialisation for this cache
+# (jax/_src/compilation_cache.py put_executable_and_time -> executable.serialize()).  Writing
+# only the expensive executables keeps most of the saving and serialises far fewer of them.
 _CACHE = os.environ.get("VIJAX_TEST_JAX_CACHE",
                         os.path.join(tempfile.gettempdir(), f"vijax-test-jax-cache-{os.getuid()}"))
 if _CACHE:
     try:
         jax.config.update("jax_compilation_cache_dir", _CACHE)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     except AttributeError:  # a JAX without these options: run without the cache
         pass
