@@ -20,11 +20,10 @@ demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
 ## The default suite (float64, CPU), on $(JOBS) workers.  A test that fails is run once more,
-## alone in a fresh process: XLA's executable serialisation (the persistent compilation cache
-## write) has segfaulted in long-lived workers (five full runs, three different tests, each
-## passing on its own) (tests/conftest.py now writes only compilations of at
-## least a second); the crash kills the worker and fails the test it was running.  A real
-## failure fails again and the target fails.
+## alone in a fresh process: XLA has segfaulted in long-lived workers (six full runs, three
+## different tests, each passing on its own; tracebacks in the executable serialisation of the
+## compilation cache and in the compiler; see tests/conftest.py), which kills the worker and
+## fails the test it was running.  A real failure fails again and the target fails.
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(JOBS) -q || $(BIN)/python -m pytest -q --last-failed --last-failed-no-failures none
 

@@ -36,10 +36,12 @@ jax.config.update("jax_enable_x64", True)
 # Override the folder with VIJAX_TEST_JAX_CACHE ("" turns the cache off).
 #
 # Only compilations of at least a second are written.  Long-lived pytest-xdist workers have
-# segfaulted in five full runs (three different tests, each passing on its own); the crash
-# caught with a traceback was inside XLA's executable serialisation for this cache
-# (jax/_src/compilation_cache.py put_executable_and_time -> executable.serialize()).  Writing
-# only the expensive executables keeps most of the saving and serialises far fewer of them.
+# segfaulted in XLA in six full runs (three different tests, each passing on its own; four
+# times in tests/test_holonomic.py::test_constrained_lobatto_orders).  The two crashes caught
+# with a traceback were in XLA's executable serialisation for this cache
+# (compilation_cache.put_executable_and_time -> executable.serialize()) and in
+# backend_compile_and_load itself.  Writing only the expensive executables serialises far
+# fewer of them; the compile-time crash is not explained (make test re-runs a crashed test).
 _CACHE = os.environ.get("VIJAX_TEST_JAX_CACHE",
                         os.path.join(tempfile.gettempdir(), f"vijax-test-jax-cache-{os.getuid()}"))
 if _CACHE:
