@@ -199,7 +199,8 @@ def constraint_forms(system: NonholonomicSystem, q: Vector) -> Float[Array, "k n
 def _metric_solve(g: Float[Array, "m m"], rho: Vector) -> Vector:
     """``g^{-1} ρ`` for the reduced metric: unrolled elimination for ``m <= 3`` (a LAPACK call
     inside the solver loop cost half of a fixed-point step on the CVT gearbox, m = 2: 62 against
-    28 µs), LU above (unrolling was slower for m = 6 on the quartic system)."""
+    27 µs), LU above: :func:`vijax._linalg.solve` unrolls up to ``m = 6``, which made the Newton
+    step on the quartic system (m = 6) slower, 830--860 against 590--610 µs."""
     return _linalg.solve(g, rho) if g.shape[-1] <= 3 else jnp.linalg.solve(g, rho)
 
 

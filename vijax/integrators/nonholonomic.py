@@ -22,7 +22,8 @@ step with ``H(q, p) = E_L(q, FL^{-1}(q, p))`` and ``Ψ(q, p) = Φ(q, ∂H/∂p)`
     V^i = ∂H/∂p(Q^i, P^i),   W^i = ∂H/∂q(Q^i, P^i) - ♭_H(D2Ψ)(Q^i, P^i)^T Λ^i - F^i,
     P^i = p_k - h sum_j â_ij W^j,   p^i = p_k - h sum_j a_ij W^j,   Ψ(Q^i, p^i) = 0,
 
-with ``♭_H(D2Ψ) = D2Ψ (∂²H/∂p²)^{-1}`` (here ``W`` is minus the generalised force).
+with ``♭_H(D2Ψ) = D2Ψ (∂²H/∂p²)^{-1}``, which the chain rule makes ``D2Φ(Q^i, ∂H/∂p)`` (here
+``W`` is minus the generalised force).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from ..quadrature import lagrange_extrapolation_matrix
 from ..solvers import AbstractRootSolver, Newton, SolverStats
 from ..systems import ForcedSystem, LagrangianSystem, NonholonomicSystem, TimeDependentSystem
 from ._base import AbstractIntegrator, AbstractState
-from .vprk import VPRK, AbstractPRK
+from .vprk import VPRK, AbstractPRK, at_nodes
 
 __all__ = ["NonholonomicVPRK", "NonholonomicState"]
 
@@ -119,7 +120,7 @@ class NonholonomicVPRK(AbstractPRK):
     Appendix E) in the unknowns ``V^i``, ``P^i`` and ``h Λ^2..h Λ^s``, with every derivative
     taken from ``system.hamiltonian`` (``H = E_L∘FL^{-1}``; a closed form where the class
     gives one, e.g. ``½ pᵀM^{-1}p + U`` for a :class:`vijax.MechanicalSystem`) and the
-    constraint one-forms ``♭_H(D2Ψ)`` built from ``Ψ(q, p) = Φ(q, ∂H/∂p)`` by autodiff.  For a
+    constraint one-forms ``♭_H(D2Ψ) = D2Φ(Q^i, ∂H/∂p)`` of ``Ψ(q, p) = Φ(q, ∂H/∂p)``.  For a
     hyperregular Lagrangian both forms give the same trajectory to solver tolerance; the
     Lagrangian form has ``n s`` fewer unknowns and is the default.
     """
@@ -200,9 +201,9 @@ class NonholonomicVPRK(AbstractPRK):
         a, ahat, _ = self._coefficients(state.q.dtype)
         q, p = state.q, state.p
         V, mus, w = X
-        times = state.t + h * jnp.asarray(self.tableau.q.c, q.dtype)
+        times = self._stage_times(state.t, h)
         Q = q[None, :] + h * mm(a, V)
-        D1, D2 = _at(system, times, lambda sy, x, y: sy.derivatives(x, y), Q, V)
+        D1, D2 = at_nodes(system, times, lambda sy, x, y: sy.derivatives(x, y), Q, V)
         if force is not None:
             D1 = D1 + force(Q, V)
         A = jax.vmap(system.constraint_matrix)(Q, V)                     # (s, m, n)
@@ -211,12 +212,12 @@ class NonholonomicVPRK(AbstractPRK):
         P = p[None, :] + mm(ahat, hW)
         ps = p[None, :] + mm(a, hW)                                      # p^i, IIIA weights
         if w is None:
-            vs = _at(system, times, lambda sy, x, y, g: sy.velocity(x, y, g), Q, ps, V)
+            vs = at_nodes(system, times, lambda sy, x, y, g: sy.velocity(x, y, g), Q, ps, V)
             legendre = ()
         else:
             vs = jnp.concatenate([state.v[None, :], w])
-            legendre = (_at(system, times[1:], lambda sy, x, y: sy.momentum(x, y), Q[1:], w)
-                        - ps[1:],)
+            momenta = at_nodes(system, times[1:], lambda sy, x, y: sy.momentum(x, y), Q[1:], w)
+            legendre = (momenta - ps[1:],)
         phi = jax.vmap(system.nonholonomic)(Q[1:], vs[1:])
         return (D2 - P, phi) + legendre, (Q, ps, vs)
 
@@ -228,24 +229,22 @@ class NonholonomicVPRK(AbstractPRK):
         a, ahat, _ = self._coefficients(state.q.dtype)
         q, p = state.q, state.p
         V, P, mus = X
-        times = state.t + h * jnp.asarray(self.tableau.q.c, q.dtype)
+        times = self._stage_times(state.t, h)
         Q = q[None, :] + h * mm(a, V)
 
         def pieces(sy, x, y):
+            # ♭_H(D2Ψ) = D2Φ(x, ∂H/∂p) (∂²H/∂p²) (∂²H/∂p²)^{-1}: by the chain rule the
+            # one-form is D2Φ at the velocity ∂H/∂p, with no Hessian of H to form or invert
             Hq, Hp = jax.grad(sy.hamiltonian, argnums=(0, 1))(x, y)
-            psi_p = jax.jacfwd(lambda z: sy.nonholonomic(x, jax.grad(sy.hamiltonian, 1)(x, z))
-                               )(y)                                         # D2Ψ, (m, n)
-            Hpp = jax.hessian(sy.hamiltonian, argnums=1)(x, y)
-            flat = jnp.linalg.solve(Hpp, psi_p.T).T                       # ♭_H(D2Ψ)
-            return Hq, Hp, flat
+            return Hq, Hp, sy.constraint_matrix(x, Hp)
 
-        Hq, Hp, flat = _at(system, times, pieces, Q, P)
+        Hq, Hp, flat = at_nodes(system, times, pieces, Q, P)
         mu = jnp.concatenate([(h * state.lam)[None, :], mus])            # impulses h Λ^i
         hW = h * Hq - jnp.einsum("imn,im->in", flat, mu)
         if force is not None:
             hW = hW - h * force(Q, V)
         ps = p[None, :] - mm(a, hW)                                       # p^i, IIIA weights
-        vs = _at(system, times, lambda sy, x, y: jax.grad(sy.hamiltonian, 1)(x, y), Q, ps)
+        vs = at_nodes(system, times, lambda sy, x, y: jax.grad(sy.hamiltonian, 1)(x, y), Q, ps)
         phi = jax.vmap(system.nonholonomic)(Q[1:], vs[1:])
         return (V - Hp, P - (p[None, :] - mm(ahat, hW)), phi), (Q, ps, vs)
 
@@ -263,8 +262,8 @@ class NonholonomicVPRK(AbstractPRK):
         if self.form == "hamiltonian":
             V0, mus0, _ = self._predictor(state, h, True)
             a = self._coefficients(state.q.dtype)[0]
-            times = state.t + h * jnp.asarray(self.tableau.q.c, state.q.dtype)
-            P0 = _at(system, times, lambda sy, x, y: sy.momentum(x, y),
+            times = self._stage_times(state.t, h)
+            P0 = at_nodes(system, times, lambda sy, x, y: sy.momentum(x, y),
                      state.q[None, :] + h * mm(a, V0), V0)
             X, (Q, ps, vs), stats = self.solver.solve(
                 lambda X: self.hamiltonian_stage_equations(system, state, h, X, force),
@@ -290,8 +289,8 @@ class NonholonomicVPRK(AbstractPRK):
         w = None if self._explicit_velocities(system) else new.stages[1:]
         _, (Q, ps, _) = self.stage_equations(system, prev, h, (new.stages, h * new.lams[1:], w),
                                              force)
-        times = prev.t + h * jnp.asarray(self.tableau.q.c, prev.q.dtype)
-        vs = _at(system, times, lambda sy, x, y, g: sy.velocity(x, y, g), Q, ps, new.stages)
+        times = self._stage_times(prev.t, h)
+        vs = at_nodes(system, times, lambda sy, x, y, g: sy.velocity(x, y, g), Q, ps, new.stages)
         return Q, ps, vs
 
     def velocity(self, system: LagrangianSystem, state: NonholonomicState) -> Vector:
@@ -304,14 +303,6 @@ def _initial_data(system, t0, q0, v0):
     costs one compilation, not one dispatch per primitive)."""
     return (cons.nonholonomic_multiplier(system, q0, v0, t0),
             system.at(t0).momentum(q0, v0))
-
-
-def _at(system, times, fn, *args):
-    """``fn(system.at(t_i), *args_i)`` over the leading axis (:func:`jax.vmap`): every
-    derivative of a :class:`vijax.TimeDependentSystem` is taken at its stage time."""
-    if isinstance(system, TimeDependentSystem):
-        return jax.vmap(lambda t, *x: fn(system.at(t), *x))(times, *args)
-    return jax.vmap(lambda *x: fn(system, *x))(*args)
 
 
 def _warn_if_inconsistent(lam0, exact):
