@@ -36,11 +36,11 @@ jax.config.update("jax_enable_x64", True)
 # Override the folder with VIJAX_TEST_JAX_CACHE ("" turns the cache off).
 #
 # Only compilations of at least a second are written.  Long-lived pytest-xdist workers have
-# segfaulted in XLA in six full runs (three different tests, each passing on its own; four
-# times in tests/test_holonomic.py::test_constrained_lobatto_orders).  The two crashes caught
-# with a traceback were in XLA's executable serialisation for this cache
-# (compilation_cache.put_executable_and_time -> executable.serialize()) and in
-# backend_compile_and_load itself.  Writing only the expensive executables serialises far
+# segfaulted in XLA in seven full runs (three different tests, each passing on its own; five
+# times in tests/test_holonomic.py::test_constrained_lobatto_orders).  Of the three crashes
+# caught with a traceback, two were in XLA's executable serialisation for this cache
+# (compilation_cache.put_executable_and_time -> executable.serialize()), one of them with this
+# one-second limit in place, and one in backend_compile_and_load itself.  Writing only the expensive executables serialises far
 # fewer of them; the compile-time crash is not explained (make test re-runs a crashed test).
 _CACHE = os.environ.get("VIJAX_TEST_JAX_CACHE",
                         os.path.join(tempfile.gettempdir(), f"vijax-test-jax-cache-{os.getuid()}"))
