@@ -71,6 +71,21 @@ def _spring_pendulum(x):
     return SpringPendulum(k=5.0, l=length), q0, v0
 
 
+def _heavy_top(x):
+    tilt, spin, mass = x[0], x[1], x[2]
+    zero = jnp.zeros((), x.dtype)
+    g0 = vj.lie.SO3().exp(jnp.stack([tilt, zero, zero]))
+    xi0 = jnp.stack([jnp.asarray(0.3, x.dtype), jnp.asarray(-0.2, x.dtype), spin])
+    return vj.systems.HeavyTop(mass=mass), g0, xi0
+
+
+def _unicycle(x):
+    x0, v1, m = x[0], x[1], x[2]
+    g0 = vj.systems.Unicycle.element(x0, 0.2, 0.3).astype(x.dtype)
+    xi0 = jnp.stack([v1, jnp.zeros((), x.dtype), jnp.asarray(0.8, x.dtype)])   # on φ = v2 = 0
+    return vj.systems.Unicycle(m=m), g0, xi0
+
+
 def _nonholonomic_particle(x):
     y0, vx, k = x[0], x[1], x[2]
     q0 = jnp.stack([jnp.asarray(0.2, x.dtype), y0, jnp.asarray(0.0, x.dtype)])
@@ -101,7 +116,15 @@ NONHOLONOMIC_PARTICLE = Problem("nonholonomic_particle", _nonholonomic_particle,
                                 (1.0, 1.0, 1.2), ((1.0, 1.0, 1.2), (0.5, -0.7, 1.2),
                                                   (-0.4, 0.6, 1.2)),
                                 ((1.0, -0.5), (0.3, 0.8)))
-PROBLEMS = (HENON_HEILES, SPRING_PENDULUM, NONHOLONOMIC_PARTICLE)
+# On Lie groups: the heavy top on SO(3) (unconstrained) and the unicycle on SE(2)
+# (nonholonomic); q is the group element (the loss reads its first row).
+HEAVY_TOP = Problem("heavy_top", _heavy_top, (0.4, 1.5, 1.2),
+                    ((0.4, 1.5, 1.2), (0.2, -1.0, 1.2), (0.7, 2.0, 1.2)),
+                    ((1.0, -0.5), (0.3, 0.8)))
+UNICYCLE = Problem("unicycle", _unicycle, (1.0, 0.5, 1.2),
+                   ((1.0, 0.5, 1.2), (0.6, -0.3, 1.2), (1.3, 0.9, 1.2)),
+                   ((1.0, -0.5), (0.3, 0.8)))
+PROBLEMS = (HENON_HEILES, SPRING_PENDULUM, NONHOLONOMIC_PARTICLE, HEAVY_TOP, UNICYCLE)
 
 
 def _variant(integ):
@@ -134,12 +157,13 @@ def _cases():
         accepted = [p for p in PROBLEMS if integ.accepts(p.system)]
         family = type(integ)
         if family in seen and len(accepted) > 1:
-            accepted = [p for p in accepted if isinstance(p.system, vj.HolonomicSystem)]
+            accepted = [p for p in accepted
+                        if isinstance(p.system, (vj.HolonomicSystem, vj.NonholonomicSystem))]
         first = family not in seen
         seen.add(family)
         for p in accepted:
             variant = (_variant(integ), p.name)
-            cases.append(("=".join(calls), integ, p, first, variant not in variants))
+            cases.append((" | ".join(calls), integ, p, first, variant not in variants))
             variants.add(variant)
     return cases
 
@@ -154,8 +178,10 @@ def _run(problem, integ, x):
 
 
 def _loss(problem, q, p):
-    """``w_q . q_N + w_p . p_N`` from the final ``q``, ``p`` (traced or numpy)."""
+    """``w_q . q_N + w_p . p_N`` from the final ``q``, ``p`` (traced or numpy; a group
+    element is read row by row)."""
     wq, wp = problem.loss_weights
+    q = q.reshape(-1)
     return sum(w * q[i] for i, w in enumerate(wq)) + sum(w * p[i] for i, w in enumerate(wp))
 
 
@@ -254,12 +280,13 @@ pytestmark = pytest.mark.fast_compile
 def test_registry_covers_every_family_and_its_calls_build_the_presets():
     families = {type(m) for _, m in REGISTRY}
     assert families >= {vj.VPRK, vj.HolonomicVPRK, vj.GalerkinVI, vj.DGVI, vj.CGVI,
-                        vj.NonholonomicVPRK, vj.DiscreteGradient, vj.DiscreteLagrangeDAlembert}
+                        vj.NonholonomicVPRK, vj.DiscreteGradient, vj.DiscreteLagrangeDAlembert,
+                        vj.GroupVPRK}
     for call, integ in REGISTRY:
         assert eval(f"vj.{call}") == integ, call
     assert len({c for c, _ in REGISTRY}) == len(REGISTRY)
     # every preset runs on at least one problem below
-    assert {c for calls, *_ in CASES for c in calls.split("=")} == {c for c, _ in REGISTRY}
+    assert {c for calls, *_ in CASES for c in calls.split(" | ")} == {c for c, _ in REGISTRY}
 
 
 # --------------------------------------------------------------------------------------------
@@ -268,11 +295,12 @@ def test_registry_covers_every_family_and_its_calls_build_the_presets():
 def check_solution_shapes_and_dtypes(case):
     sol, integ = case.sol, case.integ
     _, q0, v0 = case.problem.make(case.x)
-    n, f64 = q0.shape[0], jnp.float64
+    n, f64 = v0.shape[0], jnp.float64
     assert sol.n_steps == N_STEPS
     assert sol.t.shape == (N_SAVES + 1,) and sol.t.dtype == f64
     np.testing.assert_allclose(sol.t, DT * SAVE_EVERY * np.arange(N_SAVES + 1), rtol=1e-15)
-    for field in (sol.q, sol.v, sol.p):
+    assert sol.q.shape == (N_SAVES + 1,) + q0.shape and sol.q.dtype == f64
+    for field in (sol.v, sol.p):
         assert field.shape == (N_SAVES + 1, n) and field.dtype == f64
     np.testing.assert_array_equal(sol.q[0], q0)
     np.testing.assert_allclose(sol.v[0], v0, rtol=1e-13, atol=1e-13)
@@ -347,8 +375,8 @@ def check_one_step_is_symplectic(case):
     """max |B^T (J^T Omega J - Omega) B| <= 1e-12 at the state after the run, in the variables
     the step map uses (AbstractState.step_momenta: p, or p_z for the constrained DG
     scheme); B = I without constraints, a basis of the tangent space of T^*C with them."""
-    if not case.integ.symplectic:
-        return  # the trait makes no claim
+    if not case.integ.symplectic or isinstance(case.system, vj.NonholonomicSystem):
+        return  # the trait makes no claim (nonholonomic flows are not symplectic)
     forms = _symplectic_forms(case.system, case.integ, case.sol.final_state, DT)
     pulled_back, original = np.asarray(forms.pulled_back), np.asarray(forms.original)
     defect = np.max(np.abs(pulled_back - original))
@@ -411,7 +439,7 @@ class _Forcing(vj.ForcedSystem):
     control_dim = 1
 
     def force(self, t, q, v, u):
-        e = jnp.eye(q.shape[0], dtype=q.dtype)
+        e = jnp.eye(v.shape[0], dtype=v.dtype)
         return -self.c * v + u[0] * e[0] + 0.1 * jnp.sin(t) * e[1]
 
 
@@ -427,8 +455,17 @@ class ForcedNonholonomicParticle(_Forcing, vj.systems.NonholonomicParticle):
     pass
 
 
+class ForcedHeavyTop(_Forcing, vj.systems.HeavyTop):
+    pass
+
+
+class ForcedUnicycle(_Forcing, vj.systems.Unicycle):
+    pass
+
+
 FORCED = {HENON_HEILES.name: ForcedHenonHeiles, SPRING_PENDULUM.name: ForcedSpringPendulum,
-          NONHOLONOMIC_PARTICLE.name: ForcedNonholonomicParticle}
+          NONHOLONOMIC_PARTICLE.name: ForcedNonholonomicParticle,
+          HEAVY_TOP.name: ForcedHeavyTop, UNICYCLE.name: ForcedUnicycle}
 FORCED_CASES = [(call, integ, problem, first) for call, integ, problem, first, _ in CASES
                 if first or isinstance(problem.system, vj.HolonomicSystem)]
 

@@ -70,3 +70,16 @@ def test_readme_quick_start_runs():
     blocks = python_blocks((ROOT / "README.md").read_text(), "## Quick start")
     assert len(blocks) == 1
     run_python(blocks[0] + "\nassert ens.q.shape == (1024, 2, 1)\n")
+
+
+def test_lie_group_page_example_runs():
+    """The satellite of docs/lie_groups.md: a controlled rigid body on SO(3) stays on the
+    group."""
+    blocks = python_blocks((ROOT / "docs" / "lie_groups.md").read_text(), "## Systems on a group")
+    assert len(blocks) == 1
+    code = blocks[0] + (
+        "\nimport numpy as np\n"
+        "assert sol.q.shape == (201, 3, 3) and sol.p.shape == (201, 3)\n"
+        "R = np.asarray(sol.q)\n"
+        "assert np.max(np.abs(np.einsum('kji,kjl->kil', R, R) - np.eye(3))) < 1e-13\n")
+    run_python(code)

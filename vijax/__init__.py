@@ -17,24 +17,26 @@ from .integrators import (CGVI, DGVI, VPRK, AbstractDenseIntegrator, AbstractInt
                           AbstractState, GalerkinState, GalerkinVI, HolonomicState, HolonomicVPRK,
                           IncompatibleSystemError, NonholonomicState, NonholonomicVPRK,
                           VPRKState)
-from .integrators import DiscreteGradient, DiscreteLagrangeDAlembert
+from .integrators import (VCG, VRKMK, DiscreteGradient, DiscreteLagrangeDAlembert,
+                          GroupPRKState, GroupVPRK, TStarState)
 from .interpolation import DenseOutput
 from .simulate import PrecisionWarning, Solution, StepStats, simulate
 from .ensemble import simulate_ensemble
 from .solvers import ConvergenceError
-from .systems import (ForcedSystem, HolonomicSystem, LagrangianSystem, MechanicalSystem,
-                      NonholonomicSystem, TimeDependentSystem)
+from .systems import (ForcedSystem, HolonomicSystem, LagrangianSystem, LieGroupSystem,
+                      MechanicalSystem, NonholonomicSystem, TimeDependentSystem)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "simulate", "simulate_ensemble", "Solution", "StepStats", "DenseOutput", "PrecisionWarning",
     "LagrangianSystem", "MechanicalSystem", "HolonomicSystem", "NonholonomicSystem",
-    "ForcedSystem", "TimeDependentSystem",
+    "ForcedSystem", "TimeDependentSystem", "LieGroupSystem",
     "AbstractIntegrator", "AbstractDenseIntegrator", "AbstractState", "IncompatibleSystemError",
     "VPRK", "VPRKState", "HolonomicVPRK", "HolonomicState", "NonholonomicVPRK",
     "NonholonomicState", "GalerkinVI", "GalerkinState",
     "DGVI", "CGVI", "ConvergenceError", "DiscreteGradient", "DiscreteLagrangeDAlembert",
+    "GroupVPRK", "GroupPRKState", "VRKMK", "VCG", "TStarState",
     "tableaus", "quadrature", "interpolation", "lie", "constraints", "solvers", "systems", "control",
     "integrators", "diagnostics",
 ]

@@ -320,9 +320,9 @@ def check_nonholonomic_consistent(system, q0: Vector, v0: Vector, tol: float
     so use the returned values."""
     name = type(system).__name__
     phi = system.nonholonomic(q0, v0)
-    if phi.ndim != 1 or phi.shape[0] == 0 or phi.shape[0] >= q0.shape[0]:
+    if phi.ndim != 1 or phi.shape[0] == 0 or phi.shape[0] >= v0.shape[0]:
         raise ValueError(f"{name}.nonholonomic(q, v) must return a 1-D array of 1 <= m < n "
-                         f"constraint values; got shape {phi.shape} for n = {q0.shape[0]}.")
+                         f"constraint values; got shape {phi.shape} for n = {v0.shape[0]}.")
     m = phi.shape[0]
     A = system.constraint_matrix(q0, v0)
     C = A @ system.inverse_velocity_hessian(q0, v0) @ A.T

@@ -15,7 +15,7 @@ from . import constraints
 from ._typing import BoolScalar, Scalar, ScalarLike, Times, Vector, VectorLike
 from .integrators._base import AbstractIntegrator, AbstractState
 from .simulate import Solution
-from .systems import HolonomicSystem, LagrangianSystem
+from .systems import HolonomicSystem, LagrangianSystem, LieGroupSystem
 
 __all__ = [
     "energy",
@@ -166,6 +166,8 @@ def symplectic_forms(system: LagrangianSystem, integrator: AbstractIntegrator,
     whichever representative of the momentum the step returns.  ``state.p`` must lie on
     ``T^*C`` (every vijax holonomic state's ``p`` does).  Works under :func:`jax.jit`.
     """
+    if isinstance(system, LieGroupSystem):
+        return _group_symplectic_forms(system, integrator, state, h)
     q, p = state.q, state.p
     n = q.shape[0]
     where = type(state).step_momenta
@@ -197,6 +199,39 @@ def symplectic_forms(system: LagrangianSystem, integrator: AbstractIntegrator,
     basis = vt[rows.shape[0]:].T  # the null space (the 2m rows are independent)
     return SymplecticForms(pulled_back=basis.T @ pulled_back @ basis,
                            original=basis.T @ omega @ basis)
+
+
+def _group_symplectic_forms(system, integrator, state, h) -> SymplecticForms:
+    """:func:`symplectic_forms` for a :class:`vijax.LieGroupSystem`, in canonical coordinates of
+    the first kind around ``ĝ = state.q``: ``g = ĝ exp(x)`` and ``p_x = (dexp_x)ᵀ μ`` (the
+    cotangent lift of the chart; ``ℓ(ĝ exp(x), dexp_x x')`` is the Lagrangian in ``x``, whose
+    momentum is ``(dexp_x)ᵀ D2ℓ``), so that the step map is symplectic iff its Jacobian in
+    ``(x, p_x)`` is (Bogfjellmo & Marthinsen (2016), §6)."""
+    if isinstance(system, HolonomicSystem):
+        raise NotImplementedError(
+            "the symplecticity check of a holonomically constrained Lie-group system is not "
+            "implemented; check the unconstrained system, or the vector-space formulation.")
+    G = system.group
+    g_hat = state.q
+    d = G.dim
+    where = type(state).step_momenta
+    k = len(where(state))
+
+    def flow(z):
+        x, px = z[:d], z[d:]
+        mu = jnp.linalg.solve(G.dexp(x).T, px)
+        start = eqx.tree_at(lambda s: (s.q,) + tuple(where(s)), state,
+                            (G.compose(g_hat, G.exp(x)),) + (mu,) * k)
+        new, _ = integrator.step(system, start, h)
+        x1 = G.log(G.compose(G.inverse(g_hat), new.q))
+        return jnp.concatenate([x1, G.dexp(x1).T @ where(new)[0]])
+
+    z = jnp.concatenate([jnp.zeros_like(state.p), state.p])
+    jac = jax.jacfwd(flow)(z)
+    eye = jnp.eye(d, dtype=z.dtype)
+    zero = jnp.zeros((d, d), dtype=z.dtype)
+    omega = jnp.block([[zero, eye], [-eye, zero]])
+    return SymplecticForms(pulled_back=jac.T @ omega @ jac, original=omega)
 
 
 def symplecticity_defect(system: LagrangianSystem, integrator: AbstractIntegrator,

@@ -20,7 +20,7 @@ from ._typing import ScalarLike, Times, VectorLike
 from .integrators._base import AbstractDenseIntegrator, AbstractIntegrator, registry
 from .interpolation import DenseInterpolation, DenseOutput
 from .solvers import ConvergenceError
-from .systems import ForcedSystem, LagrangianSystem
+from .systems import ForcedSystem, LagrangianSystem, LieGroupSystem
 
 __all__ = ["simulate", "Solution", "StepStats", "PrecisionWarning"]
 
@@ -145,9 +145,10 @@ class _Inputs:
 def _nonfinite(x):
     """Whether ``x`` has a non-finite entry: a NumPy bool on concrete values (also under a
     jit trace, where jnp would stage them), traced otherwise."""
-    if _is_traced(x):
-        return ~jnp.all(jnp.isfinite(x))
-    return not bool(np.all(np.isfinite(np.asarray(x))))
+    leaves = jax.tree_util.tree_leaves(x)
+    if any(_is_traced(y) for y in leaves):
+        return ~jnp.all(jnp.stack([jnp.all(jnp.isfinite(y)) for y in leaves]))
+    return not all(bool(np.all(np.isfinite(np.asarray(y)))) for y in leaves)
 
 
 def _where_nonfinite(x) -> str:
@@ -162,13 +163,15 @@ def _where_nonfinite(x) -> str:
 
 # -- static checks (shapes, dtypes, types, Python ints): raised at trace time under jit -------
 
-# (system type, integrator type) pairs that passed _check_compatible: the check reads only
-# types and class-level declarations, and through equinox's bound methods costs ~0.08 ms.
+# (system type, integrator type, integrator name) triples that passed _check_compatible: the
+# check reads types, class-level declarations and the method's configuration (its name: a
+# tableau may fit one kind of system and not another), and through equinox's bound methods
+# costs ~0.08 ms.
 _COMPATIBLE: set = set()
 
 
 def _check_compatible(system, integrator) -> None:
-    pair = (type(system), type(integrator))
+    pair = (type(system), type(integrator), getattr(integrator, "name", None))
     if pair in _COMPATIBLE:
         return
     if isinstance(system, AbstractIntegrator) or (
@@ -231,16 +234,44 @@ def _vector(name: str, x, ndim_expected: Optional[int]) -> Array:
     return x
 
 
-def _check_shapes(q0, v0, p0):
-    """The one of ``v0``/``p0`` that is given, as a vector shaped like ``q0``."""
+def _check_shapes(q0, v0, p0, dim=None):
+    """The one of ``v0``/``p0`` that is given, as a vector shaped like ``q0`` (of length
+    ``dim``, the algebra dimension, for a group element ``q0``)."""
     if (v0 is None) == (p0 is None):
         raise ValueError("Give exactly one of v0 (velocities) or p0 (momenta); "
                          + ("both were given." if v0 is not None else "neither was given."))
     name, x = ("v0", v0) if v0 is not None else ("p0", p0)
     x = _vector(name, x, None)
+    if dim is not None:
+        if x.shape != (dim,):
+            raise ValueError(f"{name} has shape {x.shape} but the group's Lie algebra has "
+                             f"dimension {dim}: pass the body velocity (or momentum) as a "
+                             f"vector of length {dim}.")
+        return x.astype(_dtype_of(q0))
     if x.shape != q0.shape:
         raise ValueError(f"{name} has shape {x.shape} but q0 has shape {q0.shape}.")
     return x.astype(q0.dtype)
+
+
+def _dtype_of(q0):
+    """The working dtype: that of ``q0`` (of its first array for a group element)."""
+    return jnp.asarray(jax.tree_util.tree_leaves(q0)[0]).dtype
+
+
+def _group_element(system, q0):
+    """``q0`` of a :class:`vijax.LieGroupSystem` as arrays, with its shape checked against the
+    group's elements."""
+    q0 = jax.tree_util.tree_map(jnp.asarray, q0)
+    group = system.group
+    try:
+        group.check_shape(q0)
+    except ValueError as err:
+        raise ValueError(f"q0 must be an element of {type(group).__name__} for "
+                         f"{type(system).__name__}: {err}.") from None
+    for x in jax.tree_util.tree_leaves(q0):
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(f"q0 has dtype {x.dtype}; pass floating-point values.")
+    return q0
 
 
 # -- checks on values: raised at once on concrete values, in the graph on traced ones ----------
@@ -295,7 +326,7 @@ def _regular(system, q0, v0):
     params, static = eqx.partition(system, eqx.is_inexact_array)
     frozen = eqx.combine(jax.lax.stop_gradient(params), static)
     hess = frozen.velocity_hessian(jax.lax.stop_gradient(q0), jax.lax.stop_gradient(v0))
-    n = q0.shape[0]
+    n = v0.shape[0]
     messages = _singular_messages(system, n)
     # the same expressions on NumPy values (eager) or traced ones (in the graph)
     xp = jnp if _is_traced(hess) else np
@@ -386,7 +417,7 @@ def _saves(integrator, system, state0, dt, U, n_saves: int, save_every: int, den
            checkpointed: bool):
     """The run from ``state0``: per save, the state, its block's statistics and (dense) the
     steps' polynomials, each with a leading axis of ``n_saves``."""
-    zero = _zero_stats(state0.q.dtype)
+    zero = _zero_stats(state0.p.dtype)
 
     # Statistics are reduced in the carry, not stacked per step: long runs store only what
     # is saved.
@@ -514,14 +545,14 @@ def _run_impl(system, integrator, q0, v0, t0, dt, U, n_saves: int, save_every: i
     states = jax.tree_util.tree_map(
         lambda a, b: jnp.concatenate([a[None], b]), state0, states)
     v = jax.vmap(lambda s: integrator.velocity(system, s))(states)
-    t = t0 + dt * jnp.arange(n_saves + 1, dtype=q0.dtype) * save_every
+    t = t0 + dt * jnp.arange(n_saves + 1, dtype=t0.dtype) * save_every
     interp = None
     if dense:
         flat = lambda x: x.reshape((n_saves * save_every,) + x.shape[2:])  # noqa: E731
         values, knots = jax.tree_util.tree_map(flat, recs)
         knots = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a[None], b]),
                                        integrator.dense_knots(system, state0), knots)
-        ts = t0 + dt * jnp.arange(n_saves * save_every + 1, dtype=q0.dtype)
+        ts = t0 + dt * jnp.arange(n_saves * save_every + 1, dtype=t0.dtype)
         interp = DenseInterpolation.build(integrator.dense_layout(system), ts, values, knots)
     return Solution(t=t, q=states.q, v=v, p=states.p, stats=stats, states=states,
                     n_steps=n_saves * save_every, interpolation=interp)
@@ -786,7 +817,7 @@ def _controls(system, integrator, controls, n_steps: int, q0, t0, dt):
             f"controls were given but {name} has no control input: declare control_dim > 0 on "
             f"a vijax.ForcedSystem whose force(t, q, v, u) reads u, or drop controls=.")
     if callable(controls):
-        dtype = jnp.result_type(jnp.asarray(q0).dtype, float)
+        dtype = jnp.result_type(_dtype_of(q0), float)
         times = (jnp.asarray(t0, dtype) + jnp.asarray(dt, dtype)
                  * (jnp.arange(n_steps, dtype=dtype)[:, None] + jnp.asarray(nodes, dtype)[None, :]))
         U = jax.vmap(jax.vmap(controls))(times)
@@ -807,9 +838,14 @@ def _check_values(system, integrator, *, q0, v0, p0, dt, t0, project, controls):
     """Shapes and dtypes (at trace time under jit), then the checks on values: raised at once
     on concrete values, carried in the graph on traced ones.  Returns ``(system, q0, v0, dt,
     t0, controls)`` ready for the run (projected, ``v0`` from ``p0``, array parameters)."""
-    q0 = _vector("q0", q0, system.ndim)
-    x0 = _check_shapes(q0, v0, p0)
-    dtype = q0.dtype
+    lie = isinstance(system, LieGroupSystem)
+    if lie:
+        q0 = _group_element(system, q0)
+        x0 = _check_shapes(q0, v0, p0, system.group.dim)
+    else:
+        q0 = _vector("q0", q0, system.ndim)
+        x0 = _check_shapes(q0, v0, p0)
+    dtype = x0.dtype
     dt = jnp.asarray(dt, dtype)
     if dt.ndim != 0:
         raise ValueError(f"dt must be a scalar, got shape {dt.shape}.")
@@ -835,12 +871,23 @@ def _check_values(system, integrator, *, q0, v0, p0, dt, t0, project, controls):
         inputs.refuse(*_finite("controls", inputs.controls, "controls"))
     if project:
         inputs.set(q0=inputs.system.project_configuration(inputs.q0))
+    if lie:
+        group, name = system.group, type(system.group).__name__
+        off = group.distance(inputs.q0)
+        tol = 1e3 * float(jnp.finfo(dtype).eps)
+        inputs.refuse(
+            ~(off <= tol) if _is_traced(off) else not float(off) <= tol,
+            f"q0 is not an element of {name} (off the group by more than {tol:.1e}); repair "
+            f"it with system.group.project(q0), or pass project=True.",
+            lambda: f"q0 is not an element of {name}: it is off the group by {float(off):.3e} "
+                    f"(tolerance {tol:.1e}); repair it with system.group.project(q0), or pass "
+                    f"project=True.")
     if v0 is not None:
         inputs.refuse(*_finite("v0", x0, "initial velocities"))
         inputs.set(v0=inputs.x0)
     else:
         inputs.refuse(*_finite("p0", x0, "initial momenta"))
-        bad, messages, eager, index = _regular(system, inputs.q0, jnp.zeros_like(q0))
+        bad, messages, eager, index = _regular(system, inputs.q0, jnp.zeros_like(x0))
         inputs.refuse(bad, messages, eager, index=index)
         v0 = inputs.system.at(inputs.t0).velocity(inputs.q0, inputs.x0)
         name = type(system).__name__
@@ -859,11 +906,11 @@ def _check_values(system, integrator, *, q0, v0, p0, dt, t0, project, controls):
     if isinstance(system, ForcedSystem):
         u0 = None if controls is None else controls.reshape((-1, controls.shape[-1]))[0]
         out = jax.eval_shape(system.force, t0, q0, v0, u0)
-        if getattr(out, "shape", None) != q0.shape:
+        if getattr(out, "shape", None) != x0.shape:
             raise ValueError(
                 f"{type(system).__name__}.force(t, q, v, u) returned "
                 f"{getattr(out, 'shape', type(out).__name__)}; it must return the generalised "
-                f"force, an array shaped like q, {q0.shape}.")
+                f"force, an array shaped like v, {x0.shape}.")
     # the integrator's own consistency checks (raised here, or carried by q0, v0 in the graph)
     q0, v0 = integrator.check_initial(system, q0, v0, float(jnp.finfo(dtype).eps) ** 0.6)
     # Python-float parameters become arrays of the working dtype: jit then traces them

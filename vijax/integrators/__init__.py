@@ -3,7 +3,9 @@
 * ``vprk.py`` -- :class:`VPRK`, variational partitioned Runge--Kutta methods;
 * ``holonomic.py`` -- :class:`HolonomicVPRK`, constrained Lobatto IIIA--IIIB (RATTLE);
 * ``galerkin/`` -- :class:`GalerkinVI`, :class:`DGVI`, :class:`CGVI`, the Galerkin-type
-  variational integrators.
+  variational integrators;
+* ``lie/`` -- :class:`GroupVPRK`, the variational PRK over a retraction on a Lie group;
+* ``tstar/`` -- :class:`VRKMK`, :class:`VCG`, the symplectic Lie-group methods on ``T*G``.
 
 The contract every family implements is in ``_base.py``; the method table is generated from
 the families' traits (``_table.py``).
@@ -22,10 +24,13 @@ from .discrete_gradients import DiscreteGradient, DiscreteGradientState
 from .dla import DiscreteLagrangeDAlembert, DLAState
 from .galerkin import (CGVI, DGVI, AbstractContinuousTimeVI, CGState, ConstrainedDGState,
                        DGState, GalerkinState, GalerkinVI, dg_prk_tableau, dg_prk_tableau_formula)
+from .lie import GroupPRKState, GroupVPRK
+from .tstar import VCG, VRKMK, TStarState
 
 __all__ = ["AbstractIntegrator", "AbstractDenseIntegrator", "AbstractState",
            "IncompatibleSystemError", "registry", "accepting", "AbstractPRK", "VPRK", "VPRKState",
            "HolonomicVPRK", "HolonomicState", "NonholonomicVPRK", "NonholonomicState", "GalerkinVI", "GalerkinState",
            "AbstractContinuousTimeVI", "DGVI", "DGState", "ConstrainedDGState", "CGVI", "CGState",
            "dg_prk_tableau", "dg_prk_tableau_formula", "method_table", "presets", "stage_force",
-           "DiscreteGradient", "DiscreteGradientState", "DiscreteLagrangeDAlembert", "DLAState"]
+           "DiscreteGradient", "DiscreteGradientState", "DiscreteLagrangeDAlembert", "DLAState",
+           "GroupVPRK", "GroupPRKState", "VRKMK", "VCG", "TStarState"]

@@ -68,7 +68,8 @@ class NonholonomicState(AbstractState):
     lams: Float[Array, "s m"]
 
 
-def _check_hypotheses(pair: tb.PartitionedTableau) -> None:
+def _check_hypotheses(pair: tb.PartitionedTableau, family: str = "NonholonomicVPRK",
+                      context: str = "", fix: str = "NonholonomicVPRK.lobatto(s)") -> None:
     a, b = np.asarray(pair.q.a, float), np.asarray(pair.q.b, float)
     ahat = np.asarray(pair.p.a, float)
     problems = []
@@ -86,9 +87,9 @@ def _check_hypotheses(pair: tb.PartitionedTableau) -> None:
         problems.append("H2': â_i1 = b_1")
     if problems:
         raise ValueError(
-            f"NonholonomicVPRK needs a tableau pair satisfying the hypotheses H1--H3 and "
+            f"{family}{context} needs a tableau pair satisfying the hypotheses H1--H3 and "
             f"H1'--H2' of Martín de Diego & Sato Martín de Almagro (2022), §4.3; {pair.name} "
-            f"violates {', '.join(problems)}. Use Lobatto IIIA-IIIB: NonholonomicVPRK.lobatto(s).")
+            f"violates {', '.join(problems)}. Use Lobatto IIIA-IIIB: {fix}.")
 
 
 _FORMS = ("lagrangian", "hamiltonian")

@@ -1,34 +1,53 @@
 """The Lie-group interface of configuration spaces; ``R^n`` is the abelian case.
 
-Configuration spaces are Lie groups ``G`` with Lie algebra ``g`` identified with ``R^d``
-(``hat``/``vee``); ``R^n`` under addition is the abelian member every vector-space method
-lives on.  The interface carries what the Lie-group integrators of Martín de Diego & Sato
-Martín de Almagro (2022), §6 (RKMK-type variational PRK over a retraction ``tau``) need: the
-group operations, a retraction ``tau: g -> G`` with ``tau(-xi) = tau(xi)^{-1}``, its
-left-trivialised tangent ``dtau`` and
-inverse ``dtau_inv``, and ``Ad``, ``ad``, ``ad*``.  Everything is written for a single element
-(jax.vmap for batches), in the style of jaxlie.
+Configuration spaces are Lie groups ``G`` whose Lie algebra ``g`` is identified with ``R^d``
+by ``hat``/``vee``, and ``g*`` with ``R^d`` by the dual basis, so that every dual map
+(``Ad*``, ``ad*``, ``(dτ)*``) is the transpose of its matrix.  The interface carries what the
+Lie-group integrators need:
+
+* the group operations and ``Ad``, ``ad`` and their duals;
+* the exponential with its **left-trivialised** tangent ``dexp`` (``d/dt exp(x(t)) =
+  exp(x) (dexp_x x')``, Martín de Diego & Sato Martín de Almagro (2022), §6.1) and its
+  inverse; the right-trivialised tangent of Bogfjellmo & Marthinsen (2016) is
+  ``dexp_{-x}`` in this convention (``d^R τ_x = Ad_{τ(x)} d^L τ_x = d^L τ_{-x}``);
+* on groups where it is defined (:class:`AbstractCayleyGroup`), the Cayley map with the same
+  tangents.
+
+Integrators reach ``exp`` and ``cay`` through a retraction value (:class:`vijax.lie.Exp`,
+:class:`vijax.lie.Cayley`), which adds ``ddτ*``.  Elements are arrays (a matrix for the matrix
+groups, a vector for ``R^n``) or tuples of them (:class:`vijax.lie.ProductGroup`); the
+methods act on a single element (``jax.vmap`` for batches), in the style of jaxlie.
+
+The vector forms (``Ad_apply``, ``Ad_star``, ``ad_star``, ``dexp_apply`` ...) are what the
+integrators call: ``R^n`` implements them as the identity or zero without building matrices,
+so that a method written on the group costs nothing extra on a vector space.
 """
 
 from __future__ import annotations
 
 import abc
+from typing import ClassVar
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 
-__all__ = ["AbstractLieGroup"]
+__all__ = ["AbstractLieGroup", "AbstractCayleyGroup", "AbstractMatrixLieGroup"]
 
 
 class AbstractLieGroup(eqx.Module):
-    """A matrix or vector Lie group.  Elements are arrays; algebra elements are ``(d,)``
-    vectors.  Matrices below act on algebra vectors (``Ad(g) @ xi``)."""
+    """A Lie group with algebra ``R^d``.  Matrices below act on algebra vectors
+    (``Ad(g) @ xi``); their transposes act on ``g* = R^d``."""
+
+    #: ``True`` for ``R^n`` (and products of it): ``Ad = I``, ``ad = 0``, ``exp = id``.
+    abelian: ClassVar[bool] = False
 
     @property
     @abc.abstractmethod
     def dim(self) -> int:
         """Dimension ``d`` of the Lie algebra."""
 
+    # -- elements -----------------------------------------------------------------------------
     @abc.abstractmethod
     def identity(self, dtype=None):
         """The identity element."""
@@ -41,6 +60,26 @@ class AbstractLieGroup(eqx.Module):
     def inverse(self, g):
         """``g^{-1}``."""
 
+    @abc.abstractmethod
+    def project(self, g):
+        """The nearest group element to ``g`` (e.g. the polar factor of a near-rotation):
+        the helper that repairs initial data slightly off the group."""
+
+    @abc.abstractmethod
+    def distance(self, g):
+        """How far ``g`` is from the group (0 on it), e.g. ``‖gᵀg - I‖_F`` for rotations:
+        what the bad-input checks and the group-drift diagnostics measure."""
+
+    def check_shape(self, g) -> None:
+        """Raise ``ValueError`` if ``g`` does not have the shape of an element (concrete
+        shapes only)."""
+        want = jax.tree_util.tree_map(jnp.shape, self.identity())
+        got = jax.tree_util.tree_map(jnp.shape, g)
+        if jax.tree_util.tree_structure(want) != jax.tree_util.tree_structure(got) or \
+                jax.tree_util.tree_leaves(want) != jax.tree_util.tree_leaves(got):
+            raise ValueError(f"an element of {self!r} has shape {want}, got {got}")
+
+    # -- algebra --------------------------------------------------------------------------------
     @abc.abstractmethod
     def exp(self, xi):
         """Exponential map ``g -> G``."""
@@ -55,28 +94,99 @@ class AbstractLieGroup(eqx.Module):
 
     @abc.abstractmethod
     def Ad(self, g):  # noqa: N802 - standard notation
-        """Matrix of ``Ad_g`` on ``R^d``."""
-
-    # -- retraction: exp by default; groups may offer Cayley -------------------------------
-    def tau(self, xi):
-        """Retraction ``tau: g -> G`` with ``tau(-xi) = tau(xi)^{-1}``.
-
-        See Martín de Diego & Sato Martín de Almagro (2022), §6.1.
-        """
-        return self.exp(xi)
+        """Matrix of ``Ad_g`` on ``R^d`` (``Ad_g η = vee(g hat(η) g^{-1})``)."""
 
     @abc.abstractmethod
-    def dtau(self, xi):
-        """Left-trivialised tangent of ``tau`` at ``xi`` (``d^L tau_xi``), a ``(d, d)`` matrix."""
+    def dexp(self, xi):
+        """Left-trivialised tangent of ``exp`` at ``xi``, a ``(d, d)`` matrix:
+        ``d/dε exp(xi + ε η)|_0 = exp(xi) hat(dexp(xi) @ η)``."""
 
-    def dtau_inv(self, xi):
-        """``(d^L tau_xi)^{-1}``."""
-        return jnp.linalg.inv(self.dtau(xi))
+    def dexp_inv(self, xi):
+        """``dexp(xi)^{-1}``; groups override with closed forms."""
+        return jnp.linalg.inv(self.dexp(xi))
+
+    # -- vector forms (what integrators call; R^n makes them free) ------------------------------
+    def Ad_apply(self, g, xi):  # noqa: N802
+        """``Ad_g xi``."""
+        return self.Ad(g) @ xi
+
+    def Ad_star(self, g, mu):  # noqa: N802
+        """``Ad*_g mu = Ad_gᵀ mu`` (``<Ad*_g mu, η> = <mu, Ad_g η>``; ``Ad*_{gh} = Ad*_h Ad*_g``)."""
+        return self.Ad(g).T @ mu
+
+    def ad_apply(self, xi, eta):
+        """``ad_xi eta = [xi, eta]``."""
+        return self.ad(xi) @ eta
 
     def ad_star(self, xi, mu):
-        """Coadjoint action ``ad*_xi mu = ad_xi^T mu`` (``<ad*_xi mu, zeta> = <mu, [xi, zeta]>``)."""
+        """``ad*_xi mu = ad_xiᵀ mu`` (``<ad*_xi mu, ζ> = <mu, [xi, ζ]>``)."""
         return self.ad(xi).T @ mu
 
-    def retract(self, g, xi):
-        """``g tau(xi)``: the left-trivialised retraction used for stage positions."""
-        return self.compose(g, self.tau(xi))
+    def left_gradient(self, f, g):
+        """``L*_g Df(g)``: the gradient of ``ζ -> f(g exp(ζ))`` at ``ζ = 0`` (the
+        left-trivialised derivative of a scalar function on ``G``)."""
+        zero = jnp.zeros(self.dim, dtype=jax.tree_util.tree_leaves(g)[0].dtype)
+        return jax.grad(lambda z: f(self.compose(g, self.exp(z))))(zero)
+
+    def left_jacobian(self, f, g):
+        """The left-trivialised Jacobian ``(m, d)`` of a vector function on ``G``."""
+        zero = jnp.zeros(self.dim, dtype=jax.tree_util.tree_leaves(g)[0].dtype)
+        return jax.jacfwd(lambda z: f(self.compose(g, self.exp(z))))(zero)
+
+
+class AbstractCayleyGroup(AbstractLieGroup):
+    """A group on which the Cayley map ``cay(ξ) = (I - ξ̂/2)^{-1} (I + ξ̂/2)`` is a retraction
+    (quadratic groups such as SO(n), and SE(n); Kobilarov & Marsden (2011)).  Declaring this
+    base is what lets :class:`vijax.lie.Cayley` be used on the group."""
+
+    @abc.abstractmethod
+    def cay(self, xi):
+        """The Cayley map."""
+
+    @abc.abstractmethod
+    def cay_inv(self, g):
+        """Its inverse ``cay^{-1}(g) = 2 (g - I)(g + I)^{-1}`` (near the identity)."""
+
+    @abc.abstractmethod
+    def dcay(self, xi):
+        """Left-trivialised tangent of ``cay`` at ``xi`` (``(d, d)``)."""
+
+    @abc.abstractmethod
+    def dcay_inv(self, xi):
+        """``dcay(xi)^{-1}``."""
+
+
+class AbstractMatrixLieGroup(AbstractLieGroup):
+    """A group of ``(k, k)`` matrices: ``compose`` is the matrix product, and ``Ad``, ``ad``,
+    ``dexp`` have generic defaults through ``hat``/``vee`` and autodiff (groups override them
+    with closed forms)."""
+
+    @abc.abstractmethod
+    def hat(self, xi):
+        """``R^d -> g`` as a ``(k, k)`` matrix."""
+
+    @abc.abstractmethod
+    def vee(self, X):
+        """Inverse of :meth:`hat`."""
+
+    def compose(self, g, h):
+        return g @ h
+
+    def inverse(self, g):
+        return jnp.linalg.inv(g)
+
+    def Ad(self, g):  # noqa: N802
+        ginv = self.inverse(g)
+        eye = jnp.eye(self.dim, dtype=g.dtype)
+        return jax.vmap(lambda e: self.vee(g @ self.hat(e) @ ginv), out_axes=1)(eye)
+
+    def ad(self, xi):
+        X = self.hat(xi)
+        eye = jnp.eye(self.dim, dtype=xi.dtype)
+        return jax.vmap(lambda e: self.vee(X @ self.hat(e) - self.hat(e) @ X), out_axes=1)(eye)
+
+    def dexp(self, xi):
+        # d^L exp_xi eta = vee(exp(xi)^{-1} D exp(xi)[eta]).
+        E_inv = self.inverse(self.exp(xi))
+        J = jax.jacfwd(self.exp)(xi)  # (k, k, d)
+        return jax.vmap(lambda Jc: self.vee(E_inv @ Jc), in_axes=2, out_axes=1)(J)

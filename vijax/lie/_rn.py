@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import equinox as eqx
 import jax.numpy as jnp
 
-from ._base import AbstractLieGroup
+from ._base import AbstractCayleyGroup
 
 __all__ = ["Rn"]
 
 
-class Rn(AbstractLieGroup):
-    """``R^n``: ``compose = +``, ``exp = tau = identity``, ``dtau = I``, ``ad = 0``, ``Ad = I``.
-    On it the Lie-group methods reduce exactly to the vector-space ones."""
+class Rn(AbstractCayleyGroup):
+    """``R^n``: ``compose = +``, ``exp = cay = id``, ``dexp = dcay = I``, ``ad = 0``, ``Ad = I``.
+    On it the Lie-group methods reduce exactly to the vector-space ones; the vector forms are
+    identities, so they cost nothing."""
 
     n: int = eqx.field(static=True)
+    abelian: ClassVar[bool] = True
 
     @property
     def dim(self) -> int:
@@ -29,6 +33,12 @@ class Rn(AbstractLieGroup):
     def inverse(self, g):
         return -g
 
+    def project(self, g):
+        return g
+
+    def distance(self, g):
+        return jnp.zeros((), dtype=g.dtype)
+
     def exp(self, xi):
         return xi
 
@@ -41,8 +51,26 @@ class Rn(AbstractLieGroup):
     def Ad(self, g):  # noqa: N802
         return jnp.eye(self.n, dtype=g.dtype)
 
-    def dtau(self, xi):
+    def dexp(self, xi):
         return jnp.eye(self.n, dtype=xi.dtype)
 
-    def dtau_inv(self, xi):
+    def dexp_inv(self, xi):
         return jnp.eye(self.n, dtype=xi.dtype)
+
+    cay = exp
+    cay_inv = log
+    dcay = dexp
+    dcay_inv = dexp_inv
+
+    # vector forms: free
+    def Ad_apply(self, g, xi):  # noqa: N802
+        return xi
+
+    def Ad_star(self, g, mu):  # noqa: N802
+        return mu
+
+    def ad_apply(self, xi, eta):
+        return jnp.zeros_like(eta)
+
+    def ad_star(self, xi, mu):
+        return jnp.zeros_like(mu)

@@ -1,7 +1,11 @@
 """Systems: the :class:`LagrangianSystem` base and a catalogue of ready-made systems."""
 
-from ._base import (CAPABILITIES, ForcedSystem, HolonomicSystem, LagrangianSystem, MechanicalSystem,
-                    NonholonomicSystem, PointMassSystem, TimeDependentSystem, capabilities)
+from ._base import (ForcedSystem, HolonomicSystem, LagrangianSystem, MechanicalSystem,
+                    NonholonomicSystem, PointMassSystem, TimeDependentSystem)
+from ._lie import LieGroupSystem
+from ._capabilities import CAPABILITIES, capabilities
+from .lie_rolling import BallOnTurntable, Unicycle
+from .rigid import DipoleOnStick, FreeRigidBody, HeavyTop
 from .catalogue import (DoublePendulum, GeneralKepler, HarmonicOscillator, HenonHeiles, Kepler,
                         Pendulum, ShakenPendulum)
 from .nonholonomic import ChaoticNonholonomic, NonholonomicParticle
@@ -11,10 +15,11 @@ from .constrained import (AbstractCartesianPendulum, CartesianPendulum, DoublePe
                           SphericalPendulum)
 
 __all__ = ["LagrangianSystem", "MechanicalSystem", "PointMassSystem", "HolonomicSystem",
-           "ForcedSystem", "NonholonomicSystem", "TimeDependentSystem",
+           "ForcedSystem", "NonholonomicSystem", "TimeDependentSystem", "LieGroupSystem",
            "CAPABILITIES", "capabilities", "AbstractCartesianPendulum", "HarmonicOscillator", "Pendulum", "ShakenPendulum",
            "DoublePendulum", "Kepler", "GeneralKepler", "HenonHeiles", "CartesianPendulum",
            "PolarPendulum", "SphericalPendulum", "DoublePendulum3D",
            "NonholonomicParticle", "ChaoticNonholonomic",
            "VerticalDisk", "ChaplyginSleigh", "QuarticNonholonomic", "CVTGearbox", "PendulumDrivenCVT",
-           "SuslovProblem"]
+           "SuslovProblem", "LieGroupSystem", "Unicycle", "BallOnTurntable",
+           "FreeRigidBody", "HeavyTop", "DipoleOnStick"]

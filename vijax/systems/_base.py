@@ -16,12 +16,10 @@ from jaxtyping import Array, Float
 
 from .. import _linalg, constraints
 from .._typing import Matrix, Scalar, Vector
-from ..lie import AbstractLieGroup, Rn
 from ..solvers import Newton
 
 __all__ = ["LagrangianSystem", "MechanicalSystem", "PointMassSystem", "HolonomicSystem",
-           "NonholonomicSystem", "ForcedSystem", "TimeDependentSystem", "CAPABILITIES",
-           "capabilities"]
+           "NonholonomicSystem", "ForcedSystem", "TimeDependentSystem"]
 
 
 class LagrangianSystem(eqx.Module):
@@ -64,11 +62,6 @@ class LagrangianSystem(eqx.Module):
         (:class:`TimeDependentSystem` sets its clock).  Integrators evaluate every derivative
         of ``L`` on ``system.at(t)`` at the time of the node."""
         return self
-
-    def group(self, q: Vector) -> "AbstractLieGroup":
-        """The configuration space as a Lie group: ``R^n`` for a vector-space system
-        (Lie-group systems override it)."""
-        return Rn(q.shape[-1])
 
     # -- derivatives, all by autodiff -------------------------------------------------------
     def d1_lagrangian(self, q: Vector, v: Vector) -> Vector:
@@ -311,14 +304,3 @@ class PointMassSystem(MechanicalSystem):
 
     def inverse_mass_matrix(self, q):
         return jnp.eye(q.shape[-1], dtype=q.dtype) / self.m
-
-
-#: The capability bases a system may declare, in the order tables list them.  A new family
-#: adds its base here.
-CAPABILITIES: tuple[type, ...] = (HolonomicSystem, NonholonomicSystem, ForcedSystem,
-                                  TimeDependentSystem)
-
-
-def capabilities(system) -> frozenset:
-    """The capability bases (members of :data:`CAPABILITIES`) ``system`` declares."""
-    return frozenset(c for c in CAPABILITIES if isinstance(system, c))
