@@ -22,28 +22,24 @@ keep the optimised programs users run.
 """
 
 import os
-import tempfile
 
 import jax
 import pytest
 
 jax.config.update("jax_enable_x64", True)
 
-# Persistent compilation cache: the suite compiles some programs more than once (the same
-# preset and problem in several tests, in both pytest-xdist workers); measured on
-# tests/test_holonomic.py, a cold cache already saves 10 % of the run.  Keys include the
-# program and the compile options, so a cached executable is the one XLA would build.
-# Override the folder with VIJAX_TEST_JAX_CACHE ("" turns the cache off).
+# Persistent compilation cache: off by default, on with VIJAX_TEST_JAX_CACHE=<folder>.
 #
-# Only compilations of at least a second are written.  Long-lived pytest-xdist workers have
-# segfaulted in XLA in seven full runs (three different tests, each passing on its own; five
-# times in tests/test_holonomic.py::test_constrained_lobatto_orders).  Of the three crashes
-# caught with a traceback, two were in XLA's executable serialisation for this cache
-# (compilation_cache.put_executable_and_time -> executable.serialize()), one of them with this
-# one-second limit in place, and one in backend_compile_and_load itself.  Writing only the expensive executables serialises far
-# fewer of them; the compile-time crash is not explained (make test re-runs a crashed test).
-_CACHE = os.environ.get("VIJAX_TEST_JAX_CACHE",
-                        os.path.join(tempfile.gettempdir(), f"vijax-test-jax-cache-{os.getuid()}"))
+# Long-lived pytest-xdist workers segfaulted in XLA ten times in eight full runs with the cache
+# on (a folder under /tmp; in the last three, writes limited to compilations of at least a
+# second): six times in tests/test_holonomic.py::test_constrained_lobatto_orders, the others in
+# four different tests, each passing on its own.  Of the five crashes caught with a traceback,
+# three were in XLA's executable serialisation for this cache
+# (compilation_cache.put_executable_and_time -> executable.serialize()), the last on
+# 2026-11-25 with the one-second limit in place, one in backend_compile_and_load and one inside
+# a compiled call.  CI starts from a cold cache, so the cache only ever saved the compilations
+# the two workers share (about 10 % of tests/test_holonomic.py); it is not worth the crashes.
+_CACHE = os.environ.get("VIJAX_TEST_JAX_CACHE", "")
 if _CACHE:
     try:
         jax.config.update("jax_compilation_cache_dir", _CACHE)

@@ -193,6 +193,7 @@ def test_unicycle_orders_and_prototype_errors(s):
     np.testing.assert_allclose(errs, np.array(_UNICYCLE_PROTOTYPE[s]), rtol=5e-3, atol=2e-14)
 
 
+@pytest.mark.slow
 def test_unicycle_orders_with_the_exponential_retraction():
     errs = _unicycle_errors(vj.GroupVPRK.lobatto(3), steps=(0.1, 0.05))
     np.testing.assert_allclose(_slopes((0.1, 0.05), errs), (4, 4, 2), atol=0.3)
@@ -262,6 +263,7 @@ def test_free_rigid_body_keeps_its_spatial_momentum(integ):
     assert np.max(np.abs(np.einsum("kji,kjl->kil", R, R) - np.eye(3))) < 1e-13
 
 
+@pytest.mark.slow
 def test_heavy_top_orders():
     """Orders 4 (Gauss-2) and 4 (Lobatto-3) on the heavy top against a Gauss-3 reference at
     a small step, in g (spectral norm) and μ."""
@@ -280,6 +282,7 @@ def test_heavy_top_orders():
         np.testing.assert_allclose(_slopes(steps, np.array(errs)), expected, atol=0.3)
 
 
+@pytest.mark.slow
 def test_heavy_top_stays_on_the_group_for_a_million_steps():
     """g is only ever updated by g τ(ξ): after 10^6 steps ‖gᵀg - I‖ and |det g - 1| stay at
     round-off (no projection), and the vertical spatial momentum (the symmetry about the
@@ -436,3 +439,83 @@ def test_bad_input_names_the_fix():
     with pytest.raises(Exception, match=r"project\(q0\)"):
         jax.jit(lambda g: vj.simulate(top, vj.GroupVPRK.midpoint(), q0=g, v0=jnp.array(
             [0.1, 0.2, 0.3]), dt=0.1, n_steps=2).q)(1.01 * jnp.eye(3)).block_until_ready()
+
+
+# --------------------------------------------------------------------------------------------
+# Holonomic constraints on a group: the heavy top as a constrained rigid body on SE(3)
+# --------------------------------------------------------------------------------------------
+class _PinnedBody(vj.LieGroupSystem, vj.HolonomicSystem):
+    """A free rigid body on SE(3) (centre of mass at the body origin, central inertia I_c) in
+    gravity, with its body point p pinned at the origin: Φ(g) = x + R p = 0.  It is the heavy
+    top with inertia I_c + m(|p|² I - p pᵀ) about the pin and centre of mass -p."""
+
+    inertia: tuple = (0.5, 0.8, 1.2)
+    mass: float = 1.0
+    gravity: float = 1.0
+    pin: tuple = (0.0, 0.0, -1.0)
+    quadratic_in_velocity = True
+
+    @property
+    def group(self):
+        return vj.lie.SE3()
+
+    def lagrangian(self, g, xi):
+        v, w = xi[:3], xi[3:]
+        return (0.5 * self.mass * jnp.dot(v, v)
+                + 0.5 * jnp.sum(jnp.asarray(self.inertia, xi.dtype) * w ** 2)
+                - self.mass * self.gravity * g[2, 3])
+
+    def holonomic(self, g):
+        return g[:3, 3] + g[:3, :3] @ jnp.asarray(self.pin, g.dtype)
+
+
+def test_holonomic_constraints_on_se3_give_the_heavy_top():
+    """GroupVPRK.lobatto(s) on SE(3) with the pin constraint (their §6.3: stage constraints
+    and the tangency condition at the node) converges at order 2s - 2 to the heavy top on SO(3)
+    integrated without constraints, and keeps Φ and its tangency at round-off."""
+    pinned = _PinnedBody()
+    m, p = pinned.mass, np.asarray(pinned.pin)
+    Ic = np.diag(pinned.inertia)
+    Io = Ic + m * (p @ p * np.eye(3) - np.outer(p, p))
+    top = vj.systems.HeavyTop(inertia=tuple(np.diag(Io)), mass=m, gravity=pinned.gravity,
+                              com=tuple(-p))
+    R0 = vj.lie.SO3().exp(jnp.array([0.5, 0.1, 0.0]))
+    w0 = jnp.array([0.3, -0.2, 1.5])
+    g0 = vj.lie.SE3.from_rotation_translation(R0, -R0 @ jnp.asarray(p))
+    xi0 = jnp.concatenate([-jnp.cross(w0, jnp.asarray(p)), w0])
+    T = 1.0
+    ref = _run_scan(vj.GroupVPRK.gauss(3), top, R0, w0, T / 80, 80)
+    for s in (2, 3):
+        integ = vj.GroupVPRK.lobatto(s, retraction=vj.lie.Cayley())
+        errs = []
+        for n in (10, 20, 40):
+            st = _run_scan(integ, pinned, g0, xi0, T / n, n)
+            errs.append([float(jnp.linalg.norm(st.q[:3, :3] - ref.q, 2))])
+            assert float(jnp.max(jnp.abs(pinned.holonomic(st.q)))) < 1e-13
+            J = pinned.group.left_jacobian(pinned.holonomic, st.q)
+            assert float(jnp.max(jnp.abs(J @ st.v))) < 1e-13
+        np.testing.assert_allclose(_slopes((T / 10, T / 20, T / 40), np.array(errs)),
+                                   [2 * s - 2], atol=0.3)
+    # and simulate refuses initial data off the constraint
+    with pytest.raises(vj.constraints.InconsistentInitialData, match="tangency"):
+        vj.simulate(pinned, vj.GroupVPRK.lobatto(2), q0=g0, v0=xi0 + 0.1, dt=0.1, n_steps=1)
+
+
+def test_quadrotor_hovers_and_keeps_its_energy_balance():
+    """On SE(3) with thrust and body torques: the hovering thrust holds it still to round-off;
+    under a manoeuvre the energy changes by the work of the wrench (trapezoid rule along the
+    run, error O(h²))."""
+    quad = vj.systems.Quadrotor()
+    g0, xi0 = vj.lie.SE3().identity(jnp.float64), jnp.zeros(6)
+    integ = vj.GroupVPRK.gauss(2, retraction=vj.lie.Cayley())
+    sol = vj.simulate(quad, integ, q0=g0, v0=xi0, dt=0.01, n_steps=100,
+                      controls=lambda t: quad.hover())
+    assert float(jnp.max(jnp.abs(sol.q[-1] - g0))) < 1e-14
+    u = lambda t: quad.hover() + jnp.array([0.5, 0.01 * jnp.sin(t), 0.0, 0.002])  # noqa: E731
+    sol = vj.simulate(quad, integ, q0=g0, v0=xi0, dt=0.01, n_steps=200, controls=u)
+    E = jax.vmap(quad.energy)(sol.q, sol.v)
+    P = jax.vmap(lambda t, g, x: jnp.vdot(quad.force(t, g, x, u(t)), x))(sol.t, sol.q, sol.v)
+    work = float(jnp.sum(0.5 * (P[1:] + P[:-1])) * 0.01)
+    assert abs(float(E[-1] - E[0]) - work) < 1e-4 * abs(work)
+    assert float(sol.q[-1][2, 3]) > 0.5                    # climbed
+    assert float(vj.lie.SE3().distance(sol.q[-1])) < 1e-13

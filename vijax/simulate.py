@@ -907,10 +907,11 @@ def _check_values(system, integrator, *, q0, v0, p0, dt, t0, project, controls):
         u0 = None if controls is None else controls.reshape((-1, controls.shape[-1]))[0]
         out = jax.eval_shape(system.force, t0, q0, v0, u0)
         if getattr(out, "shape", None) != x0.shape:
+            like = "v (the body velocity)" if lie else "q"
             raise ValueError(
                 f"{type(system).__name__}.force(t, q, v, u) returned "
                 f"{getattr(out, 'shape', type(out).__name__)}; it must return the generalised "
-                f"force, an array shaped like v, {x0.shape}.")
+                f"force, an array shaped like {like}, {x0.shape}.")
     # the integrator's own consistency checks (raised here, or carried by q0, v0 in the graph)
     q0, v0 = integrator.check_initial(system, q0, v0, float(jnp.finfo(dtype).eps) ** 0.6)
     # Python-float parameters become arrays of the working dtype: jit then traces them

@@ -6,6 +6,7 @@ from ._lie import LieGroupSystem
 from ._capabilities import CAPABILITIES, capabilities
 from .lie_rolling import BallOnTurntable, Unicycle
 from .rigid import DipoleOnStick, FreeRigidBody, HeavyTop
+from .vehicles import Quadrotor
 from .catalogue import (DoublePendulum, GeneralKepler, HarmonicOscillator, HenonHeiles, Kepler,
                         Pendulum, ShakenPendulum)
 from .nonholonomic import ChaoticNonholonomic, NonholonomicParticle
@@ -22,4 +23,4 @@ __all__ = ["LagrangianSystem", "MechanicalSystem", "PointMassSystem", "Holonomic
            "NonholonomicParticle", "ChaoticNonholonomic",
            "VerticalDisk", "ChaplyginSleigh", "QuarticNonholonomic", "CVTGearbox", "PendulumDrivenCVT",
            "SuslovProblem", "LieGroupSystem", "Unicycle", "BallOnTurntable",
-           "FreeRigidBody", "HeavyTop", "DipoleOnStick"]
+           "FreeRigidBody", "HeavyTop", "DipoleOnStick", "Quadrotor"]

@@ -7,12 +7,11 @@ with a diagonal inertia tensor ``I = diag(inertia)`` (principal axes as body axe
 body momentum is ``μ̄ = IΩ``, the spatial angular momentum ``μ = g I Ω``.
 """
 
-from __future__ import annotations
-
 from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+from equinox import AbstractVar
 
 from ..lie import SO3
 from ..lie._so3 import skew
@@ -24,6 +23,9 @@ __all__ = ["FreeRigidBody", "HeavyTop", "DipoleOnStick"]
 class _RigidBody(LieGroupSystem):
     """``ℓ(g, Ω) = ½ ΩᵀIΩ − V(g)`` on SO(3), ``I = diag(inertia)``; subclasses give
     :meth:`potential`."""
+
+    #: The principal moments (a field, or a property computed from the parameters).
+    inertia: AbstractVar[tuple | jnp.ndarray]
 
     quadratic_in_velocity: ClassVar[bool] = True
 
