@@ -20,9 +20,9 @@ demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
 ## The default suite (float64, CPU), on $(JOBS) workers.  A test that fails is run once more,
-## alone in a fresh process: XLA has segfaulted in long-lived workers (six full runs, three
-## different tests, each passing on its own; tracebacks in the executable serialisation of the
-## compilation cache and in the compiler; see tests/conftest.py), which kills the worker and
+## alone in a fresh process: XLA has segfaulted in long-lived workers (twelve times in nine full
+## runs, six different tests, each passing on its own; tracebacks in the compilation cache's
+## executable serialisation and in the compiler; see tests/conftest.py), which kills the worker and
 ## fails the test it was running.  A real failure fails again and the target fails.
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(JOBS) -q || $(BIN)/python -m pytest -q --last-failed --last-failed-no-failures none
