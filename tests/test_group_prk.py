@@ -519,3 +519,21 @@ def test_quadrotor_hovers_and_keeps_its_energy_balance():
     assert abs(float(E[-1] - E[0]) - work) < 1e-4 * abs(work)
     assert float(sol.q[-1][2, 3]) > 0.5                    # climbed
     assert float(vj.lie.SE3().distance(sol.q[-1])) < 1e-13
+
+
+def test_symmetry_trait_matches_the_step():
+    """The step with -h inverts the step with h for the midpoint rule only (the trait
+    `adjoint="reversible"` relies on); with several stages on SO(3) it does not, even for a
+    symmetric tableau."""
+    top = vj.systems.HeavyTop(gravity=1.0)
+    g0 = vj.lie.SO3().exp(jnp.array([0.5, 0.1, 0.0]))
+    xi0 = jnp.array([0.3, -0.2, 2.0])
+    for integ in (vj.GroupVPRK.midpoint(), vj.GroupVPRK.gauss(2, retraction=vj.lie.Cayley())):
+        st = integ.init(top, 0.0, g0, xi0)
+        there, _ = integ.step(top, st, 0.1)
+        back, _ = integ.step(top, there, -0.1)
+        defect = float(jnp.max(jnp.abs(back.q - g0)))
+        assert (defect < 1e-14) == integ.symmetric, (integ.name, defect)
+    with pytest.raises(ValueError, match="symmetric"):
+        vj.simulate(top, vj.GroupVPRK.gauss(2), q0=g0, v0=xi0, dt=0.1, n_steps=2,
+                    adjoint="reversible")

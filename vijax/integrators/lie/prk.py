@@ -155,9 +155,14 @@ class GroupVPRK(AbstractIntegrator):
 
     @property
     def symmetric(self) -> bool:
+        """Only the one-stage midpoint rule: with several stages the RKMK-type stage maps
+        ``g_k τ(h Σ_j a_ij H^j)`` are built from the step's start, and on a non-abelian group
+        the step with ``-h`` does not invert the step with ``h`` even for a symmetric tableau
+        (measured defects 1e-9 for Gauss(2) and 8e-8 for Lobatto(3) at h = 0.1 on the heavy
+        top, against 1e-16 for the midpoint rule), as for the RKMK methods of Bogfjellmo &
+        Marthinsen (2016) with a finite cut-off."""
         a, b = np.asarray(self.tableau.q.a, float), np.asarray(self.tableau.q.b, float)
-        return bool(np.allclose(a + a[::-1, ::-1], b[None, :], atol=1e-12)
-                    and np.allclose(b, b[::-1], atol=1e-12))
+        return bool(a.shape == (1, 1) and np.allclose(a, 0.5 * b, atol=1e-12))
 
     @property
     def multiplier_order(self) -> int:
