@@ -537,3 +537,21 @@ def test_symmetry_trait_matches_the_step():
     with pytest.raises(ValueError, match="symmetric"):
         vj.simulate(top, vj.GroupVPRK.gauss(2), q0=g0, v0=xi0, dt=0.1, n_steps=2,
                     adjoint="reversible")
+
+
+def test_ensembles_of_group_elements():
+    """vj.simulate_ensemble takes one group element per member (a (members, 3, 3) array of
+    rotations) and chunks them (batch_size, with a remainder): each member equals its own
+    simulate run."""
+    top = vj.systems.HeavyTop(gravity=1.0)
+    integ = vj.GroupVPRK.midpoint(retraction=vj.lie.Cayley())
+    g0 = jax.vmap(vj.lie.SO3().exp)(jnp.array([[0.5, 0.0, 0.0], [0.3, 0.1, 0.0],
+                                               [0.2, 0.0, 0.1]]))
+    xi0 = jnp.array([[0.3, -0.2, 2.0], [0.1, 0.2, 1.0], [0.0, 0.4, -1.0]])
+    sol = vj.simulate_ensemble(top, integ, q0=g0, v0=xi0, dt=0.05, n_steps=10, batch_size=2)
+    assert sol.q.shape == (3, 11, 3, 3)
+    for i in range(3):
+        one = vj.simulate(top, integ, q0=g0[i], v0=xi0[i], dt=0.05, n_steps=10)
+        np.testing.assert_allclose(sol.q[i], one.q, atol=1e-14)
+    with pytest.raises(ValueError, match="one element of SO3 per member"):
+        vj.simulate_ensemble(top, integ, q0=g0[0], v0=xi0, dt=0.05, n_steps=10)

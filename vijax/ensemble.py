@@ -29,7 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ._typing import ScalarLike
 from .integrators import AbstractIntegrator
 from .simulate import Solution, simulate
-from .systems import LagrangianSystem
+from .systems import LagrangianSystem, LieGroupSystem
 
 __all__ = ["simulate_ensemble"]
 
@@ -100,21 +100,24 @@ def simulate_ensemble(
                          "each with one row per member, shaped like q0.")
     x0 = v0 if p0 is None else p0
     name = "v0" if p0 is None else "p0"
-    q0, x0 = jnp.asarray(q0), jnp.asarray(x0)
-    if q0.ndim != 2 or (system.ndim is not None and q0.shape[1] != system.ndim):
-        n = "n" if system.ndim is None else system.ndim
-        raise ValueError(f"q0 must have shape (members, {n}) for "
-                         f"{type(system).__name__}, got {q0.shape}; for one trajectory call "
-                         f"vijax.simulate.")
-    if x0.shape != q0.shape:
-        raise ValueError(f"{name} must have the shape of q0, {q0.shape}, got {x0.shape}.")
+    if isinstance(system, LieGroupSystem):
+        q0, x0 = _group_members(system, q0, jnp.asarray(x0), name)
+    else:
+        q0, x0 = jnp.asarray(q0), jnp.asarray(x0)
+        if q0.ndim != 2 or (system.ndim is not None and q0.shape[1] != system.ndim):
+            n = "n" if system.ndim is None else system.ndim
+            raise ValueError(f"q0 must have shape (members, {n}) for "
+                             f"{type(system).__name__}, got {q0.shape}; for one trajectory "
+                             f"call vijax.simulate.")
+        if x0.shape != q0.shape:
+            raise ValueError(f"{name} must have the shape of q0, {q0.shape}, got {x0.shape}.")
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size must be a positive int (members per chunk), got "
                          f"{batch_size!r}.")
-    count = q0.shape[0]
+    count = x0.shape[0]
     params, system = _split_system(system, system_axes, count)
     members = (params, q0, x0)
-    shared = (system, integrator, jnp.asarray(dt, q0.dtype), jnp.asarray(t0, q0.dtype),
+    shared = (system, integrator, jnp.asarray(dt, x0.dtype), jnp.asarray(t0, x0.dtype),
               controls)
     mesh = _mesh(devices)
     if mesh is not None:
@@ -123,6 +126,26 @@ def simulate_ensemble(
     if sol.q.shape[0] != count:
         sol = _unpad(sol, count, mesh)
     return sol
+
+
+def _group_members(system, q0, x0, name: str):
+    """``q0`` of a :class:`vijax.LieGroupSystem`: group elements with a leading member axis
+    (a ``(members, 3, 3)`` array of rotations, a tuple of such arrays for a product group),
+    and ``x0`` of shape ``(members, d)``."""
+    q0 = jax.tree.map(jnp.asarray, q0)
+    identity = system.group.identity()
+    element = [x.shape for x in jax.tree.leaves(identity)]
+    count = x0.shape[0] if x0.ndim == 2 else None
+    ok = (jax.tree.structure(q0) == jax.tree.structure(identity) and count is not None
+          and all(x.shape == (count,) + e for x, e in zip(jax.tree.leaves(q0), element)))
+    if not ok or x0.shape[1] != system.group.dim:
+        raise ValueError(
+            f"q0 must hold one element of {type(system.group).__name__} per member (shape "
+            f"(members,) + {element[0] if len(element) == 1 else element}) and {name} one body velocity per member (shape (members, "
+            f"{system.group.dim})), for {type(system).__name__}; got "
+            f"{[x.shape for x in jax.tree.leaves(q0)]} and {x0.shape}. For one trajectory call "
+            f"vijax.simulate.")
+    return q0, x0
 
 
 def _split_system(system, system_axes, count: int):
@@ -183,7 +206,7 @@ def _place(members, shared, mesh: Mesh):
     """The members padded to a multiple of the devices along the mesh's ``"members"`` axis,
     with copies of the last member (valid input, failing only if that member fails), and
     sharded along it; the arrays they share, replicated."""
-    pad = -members[1].shape[0] % mesh.shape[_AXIS]
+    pad = -members[2].shape[0] % mesh.shape[_AXIS]
     if pad:
         members = jax.tree.map(
             lambda x: jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)]), members)
@@ -212,9 +235,21 @@ def _run(members, shared, mesh, name, n_steps, save_every, batch_size, throw, pr
                             n_steps=n_steps, save_every=save_every, throw=throw,
                             project=project, controls=controls, **{name: x})
 
-        if batch_size is None or batch_size >= members[1].shape[0]:
+        count = members[2].shape[0]
+        if batch_size is None or batch_size >= count:
             return jax.vmap(one)(members)
-        return jax.lax.map(one, members, batch_size=batch_size)
+        # chunks of batch_size members, vmapped, one after the other (jax.lax.map's own
+        # batch_size infers reshapes with -1, which fails on zero-size state fields such as the
+        # empty multiplier of an unconstrained GroupVPRK state), then the remainder
+        chunks, rest = divmod(count, batch_size)
+        head = jax.tree.map(lambda x: x[:chunks * batch_size].reshape(
+            (chunks, batch_size) + x.shape[1:]), members)
+        out = jax.lax.map(jax.vmap(one), head)
+        out = jax.tree.map(lambda x: x.reshape((chunks * batch_size,) + x.shape[2:]), out)
+        if rest:
+            tail = jax.vmap(one)(jax.tree.map(lambda x: x[chunks * batch_size:], members))
+            out = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), out, tail)
+        return out
 
     if mesh is None:
         return block(members, shared)
