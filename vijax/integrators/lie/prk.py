@@ -269,8 +269,11 @@ class GroupVPRK(AbstractIntegrator):
         """Residuals of the step at the unknowns ``X = (H, μ, ξ1)`` (``μ`` the impulses
         ``h Λ^i``: ``i = 2..s`` nonholonomic, ``i = 1..s`` holonomic, empty otherwise; ``ξ1``
         the node velocity of the holonomic form, else ``None``), and as auxiliary output
-        ``(G^s-independent) g_{k+1}, μ_{k+1}`` and the node velocity.  ``dd_term=False``
-        drops the ``dd^Lτ`` term (for the test that shows why it is there)."""
+        ``(g_{k+1}, μ_{k+1}, ξ_{k+1})`` (the node velocity ``η^s`` nonholonomic, the unknown
+        ``ξ1`` holonomic, ``None`` unconstrained).  ``dd_term=False`` drops the
+        ``(dd^Lτ)*`` term (for the test that shows why it is there).  With holonomic
+        constraints the state's multiplier starts at zero: it only seeds the predictor, every
+        ``Λ^i`` being an unknown of each step."""
         mode = self._mode(system)
         G_ = system.group
         R = self.retraction
