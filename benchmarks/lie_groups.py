@@ -40,33 +40,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
 
 
-def _early_xla_flags(argv):
-    """``--xla-small-loop-threshold BYTES`` (a sensitivity check, as in run.py) must reach
-    XLA_FLAGS before JAX starts its CPU backend, so it is read here, before the imports."""
-    for i, a in enumerate(argv):
-        if a.startswith("--xla-small-loop-threshold"):
-            val = a.split("=", 1)[1] if "=" in a else (argv[i + 1] if i + 1 < len(argv) else "")
-            try:
-                thr = int(val)
-            except ValueError:
-                return None
-            os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_extra_"
-                                       f"options=xla_cpu_small_while_loop_byte_threshold={thr}"
-                                       ).strip()
-            return thr
-    return None
-
-
-XLA_SMALL_LOOP_THRESHOLD = _early_xla_flags(sys.argv[1:]) if __name__ == "__main__" else None
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import (  # noqa: E402  (run.py also switches on float64, before any array exists)
+    _early_xla_flags,
     _once,
     _stats,
     command_line,

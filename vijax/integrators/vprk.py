@@ -186,7 +186,27 @@ class AbstractPRK(AbstractDenseIntegrator):
         return {"q": q, "v": v, "p": at_nodes(system, times, lambda s, x, y: s.momentum(x, y), q, v)}
 
 
-class VPRK(AbstractPRK):
+class TableauPresets:
+    """The tableau presets of the variational PRK families (:class:`VPRK` and
+    :class:`vijax.GroupVPRK`): ``cls(tableau, **kwargs)`` for the standard pairs."""
+
+    @classmethod
+    def gauss(cls, s: int, **kwargs):
+        """Gauss--Legendre, ``s`` stages, order ``2s`` (self-conjugate)."""
+        return cls(tb.gauss(s), **kwargs)
+
+    @classmethod
+    def lobatto(cls, s: int, **kwargs):
+        """Lobatto IIIA--IIIB pair, ``s >= 2`` stages, order ``2s - 2``."""
+        return cls(tb.lobatto_iiia_iiib(s), **kwargs)
+
+    @classmethod
+    def midpoint(cls, **kwargs):
+        """Implicit midpoint rule (Gauss, one stage), order 2."""
+        return cls(tb.gauss(1), **kwargs)
+
+
+class VPRK(TableauPresets, AbstractPRK):
     """Variational partitioned Runge--Kutta method.
 
     Eq. (9) of Martín de Diego & Sato Martín de Almagro (2022).
@@ -226,22 +246,7 @@ class VPRK(AbstractPRK):
             predictor = "constant"  # repeated nodes: no interpolation polynomial
         self.predictor = predictor
 
-    # -- presets ----------------------------------------------------------------------------
-    @classmethod
-    def gauss(cls, s: int, **kwargs) -> "VPRK":
-        """Gauss--Legendre, ``s`` stages, order ``2s`` (self-conjugate)."""
-        return cls(tb.gauss(s), **kwargs)
-
-    @classmethod
-    def lobatto(cls, s: int, **kwargs) -> "VPRK":
-        """Lobatto IIIA--IIIB pair, ``s >= 2`` stages, order ``2s - 2``."""
-        return cls(tb.lobatto_iiia_iiib(s), **kwargs)
-
-    @classmethod
-    def midpoint(cls, **kwargs) -> "VPRK":
-        """Implicit midpoint rule (Gauss, one stage), order 2."""
-        return cls(tb.gauss(1), **kwargs)
-
+    # -- presets (gauss, lobatto, midpoint from TableauPresets) ------------------------------
     @classmethod
     def stormer_verlet(cls, **kwargs) -> "VPRK":
         """Störmer--Verlet (Lobatto IIIA--IIIB, two stages), order 2."""

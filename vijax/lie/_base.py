@@ -32,7 +32,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-__all__ = ["AbstractLieGroup", "AbstractCayleyGroup", "AbstractMatrixLieGroup"]
+__all__ = ["AbstractLieGroup", "AbstractCayleyGroup", "AbstractMatrixLieGroup",
+           "CommutativeVectorForms"]
 
 
 class AbstractLieGroup(eqx.Module):
@@ -190,3 +191,20 @@ class AbstractMatrixLieGroup(AbstractLieGroup):
         E_inv = self.inverse(self.exp(xi))
         J = jax.jacfwd(self.exp)(xi)  # (k, k, d)
         return jax.vmap(lambda Jc: self.vee(E_inv @ Jc), in_axes=2, out_axes=1)(J)
+
+
+class CommutativeVectorForms:
+    """The vector forms of a commutative group (``R^n``, SO(2)): ``Ad = I`` and ``ad = 0``
+    act without building matrices."""
+
+    def Ad_apply(self, g, xi):  # noqa: N802
+        return xi
+
+    def Ad_star(self, g, mu):  # noqa: N802
+        return mu
+
+    def ad_apply(self, xi, eta):
+        return jnp.zeros_like(eta)
+
+    def ad_star(self, xi, mu):
+        return jnp.zeros_like(mu)

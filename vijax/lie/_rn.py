@@ -7,12 +7,12 @@ from typing import ClassVar
 import equinox as eqx
 import jax.numpy as jnp
 
-from ._base import AbstractCayleyGroup
+from ._base import AbstractCayleyGroup, CommutativeVectorForms
 
 __all__ = ["Rn"]
 
 
-class Rn(AbstractCayleyGroup):
+class Rn(CommutativeVectorForms, AbstractCayleyGroup):
     """``R^n``: ``compose = +``, ``exp = cay = id``, ``dexp = dcay = I``, ``ad = 0``, ``Ad = I``.
     On it the Lie-group methods reduce exactly to the vector-space ones; the vector forms are
     identities, so they cost nothing."""
@@ -61,16 +61,3 @@ class Rn(AbstractCayleyGroup):
     cay_inv = log
     dcay = dexp
     dcay_inv = dexp_inv
-
-    # vector forms: free
-    def Ad_apply(self, g, xi):  # noqa: N802
-        return xi
-
-    def Ad_star(self, g, mu):  # noqa: N802
-        return mu
-
-    def ad_apply(self, xi, eta):
-        return jnp.zeros_like(eta)
-
-    def ad_star(self, xi, mu):
-        return jnp.zeros_like(mu)

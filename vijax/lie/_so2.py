@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ._base import AbstractCayleyGroup, AbstractMatrixLieGroup
+from ._base import AbstractCayleyGroup, AbstractMatrixLieGroup, CommutativeVectorForms
 from ._se2 import project_rotation2
 
 __all__ = ["SO2"]
@@ -21,7 +21,7 @@ def _rotation(c, s):
     return jnp.stack([jnp.stack([c, -s]), jnp.stack([s, c])])
 
 
-class SO2(AbstractMatrixLieGroup, AbstractCayleyGroup):
+class SO2(CommutativeVectorForms, AbstractMatrixLieGroup, AbstractCayleyGroup):
     """Planar rotations SO(2): ``2 × 2`` matrices ``[[cos θ, -sin θ], [sin θ, cos θ]]``, algebra
     ``R^1`` with ``hat(ξ) = [[0, -ξ], [ξ, 0]]``.  ``exp(ξ)`` is the rotation by ``ξ``,
     ``log(R) = atan2(R10, R00)``, ``Ad = dexp = 1``, ``ad = 0``; ``cay(ξ)`` is the rotation with
@@ -90,16 +90,3 @@ class SO2(AbstractMatrixLieGroup, AbstractCayleyGroup):
 
     def dcay_inv(self, xi):
         return (1.0 + 0.25 * xi * xi)[:, None]
-
-    # -- vector forms -----------------------------------------------------------------------------
-    def Ad_apply(self, g, xi):  # noqa: N802
-        return xi
-
-    def Ad_star(self, g, mu):  # noqa: N802
-        return mu
-
-    def ad_apply(self, xi, eta):
-        return jnp.zeros_like(eta)
-
-    def ad_star(self, xi, mu):
-        return jnp.zeros_like(mu)

@@ -55,7 +55,7 @@ from ...systems import (ForcedSystem, HolonomicSystem, LieGroupSystem, Nonholono
                         TimeDependentSystem)
 from .._base import AbstractIntegrator, AbstractState, IncompatibleSystemError, accepting
 from ..nonholonomic import _check_hypotheses as _check_nonholonomic_hypotheses
-from ..vprk import _as_pair, at_nodes
+from ..vprk import TableauPresets, _as_pair, at_nodes
 from ._dynamics import nonholonomic_multiplier
 
 __all__ = ["GroupVPRK", "GroupPRKState"]
@@ -75,7 +75,7 @@ class GroupPRKState(AbstractState):
     lams: Float[Array, "s m"]
 
 
-class GroupVPRK(AbstractIntegrator):
+class GroupVPRK(TableauPresets, AbstractIntegrator):
     """Variational PRK over a retraction on a Lie group (Martín de Diego & Sato Martín de
     Almagro (2022), Thm 6.1, §6.3, §6.4 and App. F), for a :class:`vijax.LieGroupSystem`,
     unconstrained, holonomically or nonholonomically constrained.
@@ -113,22 +113,7 @@ class GroupVPRK(AbstractIntegrator):
                             f"{type(self.retraction).__name__}.")
         self.solver = solver
 
-    # -- presets ----------------------------------------------------------------------------
-    @classmethod
-    def gauss(cls, s: int, **kwargs) -> "GroupVPRK":
-        """Gauss--Legendre, ``s`` stages, order ``2s`` (unconstrained systems)."""
-        return cls(tb.gauss(s), **kwargs)
-
-    @classmethod
-    def lobatto(cls, s: int, **kwargs) -> "GroupVPRK":
-        """Lobatto IIIA--IIIB, ``s >= 2`` stages, order ``2s - 2`` (all system kinds)."""
-        return cls(tb.lobatto_iiia_iiib(s), **kwargs)
-
-    @classmethod
-    def midpoint(cls, **kwargs) -> "GroupVPRK":
-        """The midpoint rule (Gauss, one stage), order 2."""
-        return cls(tb.gauss(1), **kwargs)
-
+    # -- presets (gauss, lobatto, midpoint from TableauPresets) ------------------------------
     @classmethod
     def presets(cls) -> list[tuple[str, AbstractIntegrator]]:
         from ...lie import Cayley

@@ -20,11 +20,16 @@ class AbstractTStarMethod(AbstractIntegrator):
 
     tableau: AbstractVar[tb.ButcherTableau]
     solver: AbstractVar[AbstractRootSolver | None]
+    _order: AbstractVar[int]
 
     symplectic = True
     system_type = LieGroupSystem
     supported = SUPPORTED
     required = REQUIRED
+
+    @property
+    def order(self) -> int:
+        return self._order
 
     @property
     def stages(self) -> int:

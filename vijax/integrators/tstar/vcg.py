@@ -264,10 +264,6 @@ class VCG(AbstractTStarMethod):
 
     # -- traits -----------------------------------------------------------------------------
     @property
-    def order(self) -> int:
-        return self._order
-
-    @property
     def name(self) -> str:
         return f"VCG[{self.tableau.name}]"
 

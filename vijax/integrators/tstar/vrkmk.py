@@ -140,10 +140,6 @@ class VRKMK(AbstractTStarMethod):
 
     # -- traits -----------------------------------------------------------------------------
     @property
-    def order(self) -> int:
-        return self._order
-
-    @property
     def name(self) -> str:
         return f"VRKMK[{self.tableau.name}, r={self.r}]"
 
