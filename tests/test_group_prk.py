@@ -107,6 +107,19 @@ def test_on_rn_it_is_the_nonholonomic_vprk(s):
     np.testing.assert_allclose(a.v, b.v, rtol=0, atol=1e-12)
 
 
+def test_on_rn_the_hamiltonian_form_is_the_vector_space_one():
+    """App. G on ``R^n`` is App. E: the Hamiltonian forms agree as the Lagrangian ones do."""
+    base = vj.systems.NonholonomicParticle()
+    q0 = jnp.array([1.0, 0.5, 0.0])
+    v0 = jnp.array([0.5, 1.0, 0.5 * 0.5])
+    a = _run(vj.GroupVPRK.lobatto(3, form="hamiltonian"), _NonholonomicOnRn(base, 3), q0, v0,
+             0.1, 10)
+    b = _run(vj.NonholonomicVPRK.lobatto(3, form="hamiltonian"), base, q0, v0, 0.1, 10)
+    for x, y in ((a.q, b.q), (a.p, b.p), (a.v, b.v)):
+        np.testing.assert_allclose(x, y, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(a.lam, b.lam, rtol=0, atol=1e-10)
+
+
 # --------------------------------------------------------------------------------------------
 # The unicycle on SE(2) (their §7.4): orders against the exact solution
 # --------------------------------------------------------------------------------------------
@@ -197,6 +210,44 @@ def test_unicycle_orders_and_prototype_errors(s):
 def test_unicycle_orders_with_the_exponential_retraction():
     errs = _unicycle_errors(vj.GroupVPRK.lobatto(3), steps=(0.1, 0.05))
     np.testing.assert_allclose(_slopes((0.1, 0.05), errs), (4, 4, 2), atol=0.3)
+
+
+def test_hamiltonian_form_on_the_group_app_g():
+    """Their App. G (the nonholonomic method in the reduced Hamiltonian ``𝔥(g, μ)``, stage
+    momenta as unknowns; ``H^i = (d^Lτ)^{-1} D2𝔥``, where the paper prints ``(d^Lτ)*``): for
+    the hyperregular unicycle it is the Lagrangian method of App. F to solver tolerance, so
+    it has the same orders (4, 4, 2) and the same errors as the prototype, s = 3."""
+    system = vj.systems.Unicycle()
+    g0, xi0 = system.initial()
+    ham = vj.GroupVPRK.lobatto(3, retraction=vj.lie.Cayley(), form="hamiltonian")
+    lag = vj.GroupVPRK.lobatto(3, retraction=vj.lie.Cayley())
+    a = _run_scan(ham, system, g0, xi0, 0.1, 20)
+    b = _run_scan(lag, system, g0, xi0, 0.1, 20)
+    for x, y in ((a.q, b.q), (a.p, b.p), (a.v, b.v), (a.lam, b.lam)):
+        np.testing.assert_allclose(x, y, rtol=0, atol=1e-12)
+    errs = _unicycle_errors(ham)
+    np.testing.assert_allclose(_slopes(_STEPS, errs), (4, 4, 2), atol=0.3)
+    np.testing.assert_allclose(errs, np.array(_UNICYCLE_PROTOTYPE[3]), rtol=5e-3)
+
+
+class _GeneralUnicycle(vj.systems.Unicycle):
+    """The unicycle declared without ``quadratic_in_velocity``: the stage velocities
+    ``η^2..η^s`` of the constraint rows join the unknowns (Legendre rows) instead of being
+    one linear solve."""
+
+    quadratic_in_velocity = False
+
+
+def test_non_quadratic_lagrangians_solve_for_the_stage_velocities():
+    system = _GeneralUnicycle()
+    g0, xi0 = system.initial()
+    integ = vj.GroupVPRK.lobatto(3, retraction=vj.lie.Cayley())
+    X0 = integ._predictor(system, integ.init(system, 0.0, g0, xi0), 0.1, "nonholonomic")
+    assert X0[2] is not None and X0[2].shape == (2, 3)    # η^2, η^3 are unknowns
+    a = _run_scan(integ, system, g0, xi0, 0.1, 20)
+    b = _run_scan(integ, vj.systems.Unicycle(), g0, xi0, 0.1, 20)
+    for x, y in ((a.q, b.q), (a.p, b.p), (a.v, b.v), (a.lam, b.lam)):
+        np.testing.assert_allclose(x, y, rtol=0, atol=1e-12)
 
 
 def test_dropping_the_second_order_retraction_term_breaks_the_order():
@@ -435,6 +486,12 @@ def test_bad_input_names_the_fix():
         vj.simulate(uni, vj.GroupVPRK.gauss(2), q0=g0, v0=xi0, dt=0.1, n_steps=2)
     with pytest.raises(vj.IncompatibleSystemError, match="GroupVPRK"):
         vj.simulate(uni, vj.VPRK.gauss(2), q0=g0, v0=xi0, dt=0.1, n_steps=2)
+    # the Hamiltonian form (App. G) is the nonholonomic one
+    with pytest.raises(vj.IncompatibleSystemError, match="form='lagrangian'"):
+        vj.simulate(top, vj.GroupVPRK.lobatto(2, form="hamiltonian"), q0=jnp.eye(3), v0=xi0,
+                    dt=0.1, n_steps=2)
+    with pytest.raises(ValueError, match="'hamiltonian'"):
+        vj.GroupVPRK.lobatto(2, form="poisson")
     # inside jit the same checks run in the compiled program
     with pytest.raises(Exception, match=r"project\(q0\)"):
         jax.jit(lambda g: vj.simulate(top, vj.GroupVPRK.midpoint(), q0=g, v0=jnp.array(

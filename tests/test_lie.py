@@ -514,8 +514,9 @@ def test_cayley_needs_every_factor_to_be_a_cayley_group():
 
 def test_products_are_block_diagonal_and_keep_rn_free():
     G = ProductGroup(SO3(), Rn(2))
-    assert G.dim == 5 and G.dims == (3, 2) and not G.abelian
-    assert ProductGroup(Rn(1), Rn(2)).abelian
+    assert G.dim == 5 and G.dims == (3, 2) and not G.commutative and not G.vector_space
+    assert ProductGroup(Rn(1), Rn(2)).vector_space
+    assert ProductGroup(SO2(), Rn(2)).commutative and not ProductGroup(SO2(), Rn(2)).vector_space
     xi = jnp.array([0.1, 0.2, 0.3, 0.4, 0.5])
     g = G.exp(xi)
     assert isinstance(g, tuple) and g[0].shape == (3, 3) and g[1].shape == (2,)
@@ -605,7 +606,13 @@ def test_rn_reduces_to_the_vector_space():
     assert float(jnp.max(jnp.abs(G.ad(h)))) == 0.0
     np.testing.assert_allclose(G.Ad(g), np.eye(3))
     assert float(jnp.max(jnp.abs(G.ad_star(h, eta)))) == 0.0
-    assert G.abelian and not SO2().abelian
+    assert G.commutative and G.vector_space
+    assert SO2().commutative and not SO2().vector_space and not SO3().commutative
+    # the retraction's tangent is the identity exactly where the traits say
+    assert Exp().flat(SO2()) and not Cayley().flat(SO2()) and Cayley().flat(G)
+    np.testing.assert_allclose(Exp().dtau(SO2(), jnp.array([0.7])), [[1.0]], atol=1e-15)
+    assert abs(float(Cayley().dtau(SO2(), jnp.array([0.7]))[0, 0]) - 1 / (1 + 0.49 / 4)) < 1e-15
+    assert not Exp().flat(SO3()) and not Exp().flat(SE2())
 
 
 def test_public_names():

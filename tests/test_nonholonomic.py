@@ -334,7 +334,7 @@ def test_newton_matrix_stays_conditioned_as_h_goes_to_zero():
 
     @jax.jit
     def jacobian(h):
-        x0, unravel = ravel_pytree(integ._predictor(state, h, True))
+        x0, unravel = ravel_pytree(integ._predictor(system, state, h))
         f = lambda x: ravel_pytree(integ.stage_equations(system, state, h, unravel(x))[0])[0]
         return jax.jacfwd(f)(x0)
 

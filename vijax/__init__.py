@@ -18,7 +18,7 @@ from .integrators import (CGVI, DGVI, VPRK, AbstractDenseIntegrator, AbstractInt
                           IncompatibleSystemError, NonholonomicState, NonholonomicVPRK,
                           VPRKState)
 from .integrators import (VCG, VRKMK, DiscreteGradient, DiscreteLagrangeDAlembert,
-                          GroupPRKState, GroupVPRK, TStarState)
+                          GroupPRKState, GroupVPRK, PRKState, TStarState)
 from .interpolation import DenseOutput
 from .simulate import PrecisionWarning, Solution, StepStats, simulate
 from .ensemble import simulate_ensemble
@@ -36,7 +36,7 @@ __all__ = [
     "VPRK", "VPRKState", "HolonomicVPRK", "HolonomicState", "NonholonomicVPRK",
     "NonholonomicState", "GalerkinVI", "GalerkinState",
     "DGVI", "CGVI", "ConvergenceError", "DiscreteGradient", "DiscreteLagrangeDAlembert",
-    "GroupVPRK", "GroupPRKState", "VRKMK", "VCG", "TStarState",
+    "GroupVPRK", "GroupPRKState", "PRKState", "VRKMK", "VCG", "TStarState",
     "tableaus", "quadrature", "interpolation", "lie", "constraints", "solvers", "systems", "control",
     "integrators", "diagnostics",
 ]

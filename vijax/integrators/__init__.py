@@ -17,6 +17,7 @@ from ._base import (AbstractDenseIntegrator, AbstractIntegrator, AbstractState,
                     IncompatibleSystemError, accepting, registry)
 from ._table import method_table, presets
 from ._forcing import stage_force
+from ._prk_core import PRKState
 from .vprk import VPRK, AbstractPRK, VPRKState
 from .holonomic import HolonomicState, HolonomicVPRK
 from .nonholonomic import NonholonomicState, NonholonomicVPRK
@@ -33,4 +34,4 @@ __all__ = ["AbstractIntegrator", "AbstractDenseIntegrator", "AbstractState",
            "AbstractContinuousTimeVI", "DGVI", "DGState", "ConstrainedDGState", "CGVI", "CGState",
            "dg_prk_tableau", "dg_prk_tableau_formula", "method_table", "presets", "stage_force",
            "DiscreteGradient", "DiscreteGradientState", "DiscreteLagrangeDAlembert", "DLAState",
-           "GroupVPRK", "GroupPRKState", "VRKMK", "VCG", "TStarState"]
+           "GroupVPRK", "GroupPRKState", "PRKState", "VRKMK", "VCG", "TStarState"]

@@ -24,32 +24,25 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
 
 from .. import constraints as cons
 from .. import tableaus as tb
 from .._linalg import mm
 from .._typing import ScalarLike, Vector
-from ..quadrature import lagrange_extrapolation_matrix
 from ..solvers import AbstractRootSolver, SolverStats
 from ..systems import ForcedSystem, HolonomicSystem, LagrangianSystem, TimeDependentSystem
-from ._base import AbstractIntegrator, AbstractState
-from .vprk import VPRK, AbstractPRK, stage_values
+from ._base import AbstractIntegrator
+from ._prk_core import (PRKState, initial_state, next_state, predict, stage_equations,
+                        vector_space)
+from .vprk import VPRK, AbstractPRK
 
 __all__ = ["HolonomicVPRK", "HolonomicState"]
 
 
-class HolonomicState(AbstractState):
-    """``(t, q, p, v)`` on the constraint manifold, the node multiplier ``lam`` and the last
-    step's stage values (``stages`` velocities, ``lams`` multipliers) for the predictor."""
-
-    t: Float[Array, ""]
-    q: Float[Array, " n"]
-    p: Float[Array, " n"]
-    v: Float[Array, " n"]
-    lam: Float[Array, " m"]
-    stages: Float[Array, "s n"]
-    lams: Float[Array, "s m"]
+#: ``(t, q, p, v)`` on the constraint manifold, the node multiplier ``lam`` and the last
+#: step's stage values (``stages`` velocities, ``lams`` multipliers) for the predictor: the
+#: state every PRK family with constraints carries (:class:`vijax.PRKState`).
+HolonomicState = PRKState
 
 
 def _check_hypotheses(pair: tb.PartitionedTableau) -> None:
@@ -120,29 +113,17 @@ class HolonomicVPRK(AbstractPRK):
     def init(self, system: LagrangianSystem, t0: ScalarLike, q0: Vector, v0: Vector) -> HolonomicState:
         t0 = jnp.asarray(t0, q0.dtype)
         at_t0 = system.at(t0)
-        lam0 = cons.multiplier(at_t0, q0, v0)
-        s = self.stages
-        return HolonomicState(
-            t=t0, q=q0, p=at_t0.momentum(q0, v0), v=v0, lam=lam0,
-            stages=jnp.broadcast_to(v0, (s,) + v0.shape),
-            lams=jnp.broadcast_to(lam0, (s,) + lam0.shape),
-        )
+        return initial_state(self.tableau, t0, q0, at_t0.momentum(q0, v0), v0,
+                             cons.multiplier(at_t0, q0, v0))
 
-    def _residual(self, system, t, q, p, h, X, force=None):
-        a, ahat, b = self._coefficients(q.dtype)
-        # Unknowns are scaled to O(1) blocks: impulses mu^i = h Lam^i and the constraint rows
-        # divided by h, so that the Newton matrix stays well conditioned as h -> 0.
-        V, mus, v1 = X
-        Q, D1, D2 = stage_values(system, a, q, h, V, force, self._stage_times(t, h))
-        G = jax.vmap(lambda x: cons.constraint_jacobian(system, x))(Q)
-        hW = h * D1 - sum(G[:, j, :] * mus[:, j, None] for j in range(mus.shape[1]))
-        q1 = q + h * mm(b, V)
-        p1 = p + mm(b, hW)
-        res = (D2 - (p[None, :] + mm(ahat, hW)),
-               jax.vmap(system.holonomic)(Q[1:]) / h,
-               system.at(t + h).momentum(q1, v1) - p1,
-               cons.constraint_jacobian(system, q1) @ v1)
-        return res, p1
+    def stage_equations(self, system, state: HolonomicState, h: ScalarLike, X, force=None):
+        """Residual of eq. (13) at ``X = (V, μ, v_{k+1})`` and the step's
+        :class:`~vijax.integrators._prk_core.StepOutput`.  Unknowns are scaled to O(1) blocks:
+        impulses ``μ^i = h Λ^i`` and the constraint rows divided by ``h``, so that the Newton
+        matrix stays well conditioned as ``h -> 0``."""
+        group, retraction = vector_space(state.q)
+        return stage_equations(self.tableau, group, retraction, system, "holonomic", state, h,
+                               X, force)
 
     def _precond(self, system, state, h, X0):
         """Approximate inverse Jacobian of :meth:`_residual`: velocity Hessian at the step
@@ -170,27 +151,18 @@ class HolonomicVPRK(AbstractPRK):
 
     def step(self, system: LagrangianSystem, state: HolonomicState, h: ScalarLike, u=None
              ) -> tuple[HolonomicState, SolverStats]:
-        q, p = state.q, state.p
         force = self._force(system, state, h, u)
         # Predictor: the previous step's stage velocities and multipliers extrapolated by
         # their interpolation polynomials; v_{k+1} shifted by the change of V^s (= v at c_s = 1).
         # (Shifting the velocities by 2 (v_k - V^s), exact to O(h^2) for RATTLE, saves two
         # updates per step there, but a predictor that good makes the first increment too small
         # for the stall rule of vijax.solvers at h = 1.6e-4 on the 3-D double pendulum.)
-        c = np.asarray(self.tableau.q.c)
-        extrap = jnp.asarray(lagrange_extrapolation_matrix(c, 1.0 + c), q.dtype)
-        V0 = mm(extrap, state.stages)
-        X0 = (V0, h * mm(extrap, state.lams), state.v + V0[-1] - state.stages[-1])
-        # p_{k+1} from the last residual evaluation: no evaluation after the solve.
-        X, p1, stats = self.solver.solve(lambda X: self._residual(system, state.t, q, p, h, X,
-                                                                  force),
-                                         X0, self._precond(system, state, h, X0), has_aux=True)
-        V, mus, v1 = X
-        q1 = q + h * mm(self._coefficients(q.dtype)[2], V)
-        lams = mus / h
-        new = HolonomicState(t=state.t + h, q=q1, p=p1, v=v1, lam=lams[-1], stages=V,
-                             lams=lams)
-        return new, stats
+        X0 = predict(self.tableau, state, h, "holonomic")
+        # q_{k+1}, p_{k+1} from the last residual evaluation: no evaluation after the solve.
+        X, out, stats = self.solver.solve(
+            lambda X: self.stage_equations(system, state, h, X, force), X0,
+            self._precond(system, state, h, X0), has_aux=True)
+        return next_state(state, "holonomic", X, out, h), stats
 
     def velocity(self, system: LagrangianSystem, state: HolonomicState) -> Vector:
         return state.v

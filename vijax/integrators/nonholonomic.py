@@ -34,38 +34,31 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
 
 from .. import constraints as cons
 from .. import tableaus as tb
 from .._checks import is_traced
 from .._linalg import mm
 from .._typing import ScalarLike, Vector
-from ..quadrature import lagrange_extrapolation_matrix
 from ..solvers import AbstractRootSolver, Newton, SolverStats
 from ..systems import ForcedSystem, LagrangianSystem, NonholonomicSystem, TimeDependentSystem
-from ._base import AbstractIntegrator, AbstractState
-from .vprk import VPRK, AbstractPRK, at_nodes
+from ._base import AbstractIntegrator
+from ._prk_core import (PRKState, at_nodes, initial_state, next_state, predict, stage_equations,
+                        vector_space)
+from .vprk import VPRK, AbstractPRK
 
 __all__ = ["NonholonomicVPRK", "NonholonomicState"]
 
 _H_TOL = 1e-14
 
 
-class NonholonomicState(AbstractState):
-    """``(t, q, p, v)`` on the constraint set ``Φ(q, v) = 0``, the node multiplier ``lam``
-    (``Λ^s`` of the step that ended here, the next step's ``Λ^1``), and that step's stage
-    velocities ``V^i`` (``stages``) and stage multipliers ``Λ^i`` (``lams``, ``Λ^1`` first)
-    for the predictor.  ``v`` is the node velocity ``v^s`` (the inverse Legendre map of
-    ``p``), not the IIIB stage velocity ``V^s``."""
-
-    t: Float[Array, ""]
-    q: Float[Array, " n"]
-    p: Float[Array, " n"]
-    v: Float[Array, " n"]
-    lam: Float[Array, " m"]
-    stages: Float[Array, "s n"]
-    lams: Float[Array, "s m"]
+#: ``(t, q, p, v)`` on the constraint set ``Φ(q, v) = 0``, the node multiplier ``lam``
+#: (``Λ^s`` of the step that ended here, the next step's ``Λ^1``), and that step's stage
+#: velocities ``V^i`` (``stages``) and stage multipliers ``Λ^i`` (``lams``, ``Λ^1`` first) for
+#: the predictor.  ``v`` is the node velocity ``v^s`` (the inverse Legendre map of ``p``), not
+#: the IIIB stage velocity ``V^s``.  The state of every PRK family with constraints
+#: (:class:`vijax.PRKState`).
+NonholonomicState = PRKState
 
 
 def _check_hypotheses(pair: tb.PartitionedTableau, family: str = "NonholonomicVPRK",
@@ -185,101 +178,41 @@ class NonholonomicVPRK(AbstractPRK):
         else:
             lam0 = jnp.asarray(lam0, q0.dtype).reshape(exact.shape)
             _warn_if_inconsistent(lam0, exact)
-        s = self.stages
-        return NonholonomicState(
-            t=t0, q=q0, p=p0, v=v0, lam=lam0, stages=jnp.broadcast_to(v0, (s,) + v0.shape),
-            lams=jnp.broadcast_to(lam0, (s,) + lam0.shape))
+        return initial_state(self.tableau, t0, q0, p0, v0, lam0)
 
     # -- the step equations -------------------------------------------------------------------
     def _explicit_velocities(self, system) -> bool:
         return bool(system.quadratic_in_velocity)
 
-    def stage_equations(self, system, state: NonholonomicState, h: ScalarLike, X, force=None):
-        """Residual of eq. (14) at the unknowns ``X = (V, μ, w)`` (``μ^i = h Λ^i`` for
-        ``i >= 2``; ``w = v^2..v^s`` for non-quadratic Lagrangians, else ``None``) and, as
-        auxiliary output, the stage positions ``Q^i``, momenta ``p^i`` and velocities
-        ``v^i`` (``i = 1..s``)."""
-        a, ahat, _ = self._coefficients(state.q.dtype)
-        q, p = state.q, state.p
-        V, mus, w = X
-        times = self._stage_times(state.t, h)
-        Q = q[None, :] + h * mm(a, V)
-        D1, D2 = at_nodes(system, times, lambda sy, x, y: sy.derivatives(x, y), Q, V)
-        if force is not None:
-            D1 = D1 + force(Q, V)
-        A = jax.vmap(system.constraint_matrix)(Q, V)                     # (s, m, n)
-        mu = jnp.concatenate([(h * state.lam)[None, :], mus])            # impulses h Λ^i
-        hW = h * D1 + jnp.einsum("imn,im->in", A, mu)
-        P = p[None, :] + mm(ahat, hW)
-        ps = p[None, :] + mm(a, hW)                                      # p^i, IIIA weights
-        if w is None:
-            vs = at_nodes(system, times, lambda sy, x, y, g: sy.velocity(x, y, g), Q, ps, V)
-            legendre = ()
-        else:
-            vs = jnp.concatenate([state.v[None, :], w])
-            momenta = at_nodes(system, times[1:], lambda sy, x, y: sy.momentum(x, y), Q[1:], w)
-            legendre = (momenta - ps[1:],)
-        phi = jax.vmap(system.nonholonomic)(Q[1:], vs[1:])
-        return (D2 - P, phi) + legendre, (Q, ps, vs)
+    def stage_equations(self, system, state: NonholonomicState, h: ScalarLike, X, force=None,
+                        with_stages: bool = False):
+        """Residual of eq. (14) (``form="hamiltonian"``: eq. (15)) at the unknowns
+        ``X = (V, μ, extra)`` (``μ^i = h Λ^i`` for ``i >= 2``; ``extra``: ``v^2..v^s`` for a
+        Lagrangian not declared quadratic in the velocities, else ``None``; the stage
+        momenta ``P^i`` in the Hamiltonian form) and the step's
+        :class:`~vijax.integrators._prk_core.StepOutput` (with ``with_stages``, also the
+        stages ``(Q^i, p^i, v^i)``, ``i = 1..s``)."""
+        group, retraction = vector_space(state.q)
+        return stage_equations(self.tableau, group, retraction, system, "nonholonomic", state,
+                               h, X, force, form=self.form, with_stages=with_stages)
 
-    def hamiltonian_stage_equations(self, system, state: NonholonomicState, h: ScalarLike, X,
-                                    force=None):
-        """Residual of the Hamiltonian form (eq. (15)) at the unknowns ``X = (V, P, μ)``
-        (``μ^i = h Λ^i``, ``i >= 2``) and, as auxiliary output, ``Q^i``, ``p^i`` and
-        ``v^i = ∂H/∂p(Q^i, p^i)``."""
-        a, ahat, _ = self._coefficients(state.q.dtype)
-        q, p = state.q, state.p
-        V, P, mus = X
-        times = self._stage_times(state.t, h)
-        Q = q[None, :] + h * mm(a, V)
-
-        def pieces(sy, x, y):
-            # ♭_H(D2Ψ) = D2Φ(x, ∂H/∂p) (∂²H/∂p²) (∂²H/∂p²)^{-1}: by the chain rule the
-            # one-form is D2Φ at the velocity ∂H/∂p, with no Hessian of H to form or invert
-            Hq, Hp = jax.grad(sy.hamiltonian, argnums=(0, 1))(x, y)
-            return Hq, Hp, sy.constraint_matrix(x, Hp)
-
-        Hq, Hp, flat = at_nodes(system, times, pieces, Q, P)
-        mu = jnp.concatenate([(h * state.lam)[None, :], mus])            # impulses h Λ^i
-        hW = h * Hq - jnp.einsum("imn,im->in", flat, mu)
-        if force is not None:
-            hW = hW - h * force(Q, V)
-        ps = p[None, :] - mm(a, hW)                                       # p^i, IIIA weights
-        vs = at_nodes(system, times, lambda sy, x, y: jax.grad(sy.hamiltonian, 1)(x, y), Q, ps)
-        phi = jax.vmap(system.nonholonomic)(Q[1:], vs[1:])
-        return (V - Hp, P - (p[None, :] - mm(ahat, hW)), phi), (Q, ps, vs)
-
-    def _predictor(self, state: NonholonomicState, h, explicit: bool):
-        c = np.asarray(self.tableau.q.c)
-        extrap = jnp.asarray(lagrange_extrapolation_matrix(c, 1.0 + c), state.q.dtype)
-        V0 = mm(extrap, state.stages)
-        mus0 = h * mm(extrap, state.lams)[1:]
-        w0 = None if explicit else V0[1:] + (state.v - state.stages[-1])[None, :]
-        return (V0, mus0, w0)
+    def _predictor(self, system, state: NonholonomicState, h):
+        if self.form == "hamiltonian":
+            V0, mus0, _ = predict(self.tableau, state, h, "nonholonomic")
+            a = self._coefficients(state.q.dtype)[0]
+            P0 = at_nodes(system, self._stage_times(state.t, h),
+                          lambda sy, x, y: sy.momentum(x, y), state.q[None, :] + h * mm(a, V0), V0)
+            return (V0, mus0, P0)
+        extra = "" if self._explicit_velocities(system) else "velocities"
+        return predict(self.tableau, state, h, "nonholonomic", extra)
 
     def step(self, system: LagrangianSystem, state: NonholonomicState, h: ScalarLike, u=None
              ) -> tuple[NonholonomicState, SolverStats]:
         force = self._force(system, state, h, u)
-        if self.form == "hamiltonian":
-            V0, mus0, _ = self._predictor(state, h, True)
-            a = self._coefficients(state.q.dtype)[0]
-            times = self._stage_times(state.t, h)
-            P0 = at_nodes(system, times, lambda sy, x, y: sy.momentum(x, y),
-                     state.q[None, :] + h * mm(a, V0), V0)
-            X, (Q, ps, vs), stats = self.solver.solve(
-                lambda X: self.hamiltonian_stage_equations(system, state, h, X, force),
-                (V0, P0, mus0), has_aux=True)
-            V, _, mus = X
-        else:
-            explicit = self._explicit_velocities(system)
-            X0 = self._predictor(state, h, explicit)
-            X, (Q, ps, vs), stats = self.solver.solve(
-                lambda X: self.stage_equations(system, state, h, X, force), X0, has_aux=True)
-            V, mus, _ = X
-        lams = jnp.concatenate([state.lam[None, :], mus / h])
-        new = NonholonomicState(t=state.t + h, q=Q[-1], p=ps[-1], v=vs[-1], lam=lams[-1],
-                                stages=V, lams=lams)
-        return new, stats
+        X, out, stats = self.solver.solve(
+            lambda X: self.stage_equations(system, state, h, X, force),
+            self._predictor(system, state, h), has_aux=True)
+        return next_state(state, "nonholonomic", X, out, h), stats
 
     def stage_values(self, system: LagrangianSystem, prev: NonholonomicState,
                      new: NonholonomicState, h: ScalarLike, u=None):
@@ -287,9 +220,12 @@ class NonholonomicVPRK(AbstractPRK):
         recomputed from the stored ``V^i`` and ``Λ^i``: where the constraint
         ``Φ(Q^i, v^i) = 0`` is imposed."""
         force = self._force(system, prev, h, u)
+        # the Lagrangian form whatever self.form: Q^i and p^i depend on V^i and Λ^i only
         w = None if self._explicit_velocities(system) else new.stages[1:]
-        _, (Q, ps, _) = self.stage_equations(system, prev, h, (new.stages, h * new.lams[1:], w),
-                                             force)
+        group, retraction = vector_space(prev.q)
+        _, (_, (Q, ps, _)) = stage_equations(
+            self.tableau, group, retraction, system, "nonholonomic", prev, h,
+            (new.stages, h * new.lams[1:], w), force, with_stages=True)
         times = self._stage_times(prev.t, h)
         vs = at_nodes(system, times, lambda sy, x, y, g: sy.velocity(x, y, g), Q, ps, new.stages)
         return Q, ps, vs

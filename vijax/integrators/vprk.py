@@ -43,6 +43,7 @@ from ..quadrature import (
 from ..solvers import AbstractRootSolver, FixedPoint, SolverStats
 from ..systems import ForcedSystem, LagrangianSystem, MechanicalSystem, TimeDependentSystem
 from ._base import AbstractDenseIntegrator, AbstractIntegrator, AbstractState
+from ._prk_core import at_nodes, extrapolation, stage_equations, vector_space
 
 __all__ = ["AbstractPRK", "VPRK", "VPRKState", "stage_values", "at_nodes"]
 
@@ -73,14 +74,6 @@ def stage_values(system, a, q, h, V, force=None, times=None):
     if force is not None:
         D1 = D1 + force(Q, V)
     return Q, D1, D2
-
-
-def at_nodes(system, times, fn, *args):
-    """``fn(system.at(t_i), *args_i)`` over the leading axis (``jax.vmap``); ``times`` may be
-    ``None`` for a system whose Lagrangian does not depend on time."""
-    if times is None:
-        return jax.vmap(lambda *x: fn(system, *x))(*args)
-    return jax.vmap(lambda t, *x: fn(system.at(t), *x))(times, *args)
 
 
 def _as_pair(tableau) -> tb.PartitionedTableau:
@@ -272,23 +265,7 @@ class VPRK(TableauPresets, AbstractPRK):
 
     def _extrapolation(self, dtype):
         """Predictor matrix: previous stages -> this step's stages."""
-        s = self.stages
-        if self.predictor == "extrapolate":
-            c = np.asarray(self.tableau.q.c)
-            extrap = lagrange_extrapolation_matrix(c, 1.0 + c)
-        else:
-            extrap = np.zeros((s, s))
-            extrap[:, -1] = 1.0
-        return jnp.asarray(extrap, dtype)
-
-    def stage_residual(self, system: LagrangianSystem, q: Vector, p: Vector, h: ScalarLike,
-                       V: Stages, force=None, times=None) -> tuple[Stages, Stages]:
-        """Residual ``D2L(Q^i, V^i) - P^i`` of eq. (9), and the stage ``W^i`` (with the
-        stage forces, when ``force`` is given; at the stage ``times`` of a time-dependent
-        Lagrangian)."""
-        a, ahat, _ = self._coefficients(q.dtype)
-        _, W, D2 = stage_values(system, a, q, h, V, force, times)
-        return D2 - (p[None, :] + h * mm(ahat, W)), W
+        return extrapolation(self.tableau, dtype, constant=self.predictor == "constant")
 
     def step(self, system: LagrangianSystem, state: VPRKState, h: ScalarLike, u=None
              ) -> tuple[VPRKState, SolverStats]:
@@ -331,13 +308,18 @@ class VPRK(TableauPresets, AbstractPRK):
 
                 precond = None
             else:
-                # Momentum form D2L(Q^i, V^i) - P^i, preconditioned by the velocity Hessian
-                # at the step start, inverted once per step.
+                # Momentum form D2L(Q^i, V^i) - P^i: the stage equations every PRK family
+                # shares (vijax.integrators._prk_core, on the group R^n), preconditioned by
+                # the velocity Hessian at the step start, inverted once per step.
                 V0 = mm(extrap, state.stages)
                 minv = system.at(state.t).inverse_velocity_hessian(q, V0[-1])
+                group, retraction = vector_space(q)
+                none = jnp.zeros((0,), q.dtype)
 
                 def residual(V):
-                    return self.stage_residual(system, q, p, h, V, force, times)
+                    res, out = stage_equations(self.tableau, group, retraction, system, "free",
+                                               state, h, (V, none, None), force)
+                    return res, out.forces
 
                 def precond(r):
                     return mm(r, minv.T)

@@ -40,8 +40,12 @@ class AbstractLieGroup(eqx.Module):
     """A Lie group with algebra ``R^d``.  Matrices below act on algebra vectors
     (``Ad(g) @ xi``); their transposes act on ``g* = R^d``."""
 
-    #: ``True`` for ``R^n`` (and products of it): ``Ad = I``, ``ad = 0``, ``exp = id``.
-    abelian: ClassVar[bool] = False
+    #: ``True`` for a commutative group (``R^n``, SO(2) and products of them): ``Ad = I`` and
+    #: ``ad = 0``, so that ``d^L exp = I`` and the duals ``Ad*``, ``ad*`` drop out.
+    commutative: ClassVar[bool] = False
+    #: ``True`` for ``R^n`` (and products of it): ``compose = +`` and ``exp = cay = id``, so that
+    #: every retraction's tangent is the identity.
+    vector_space: ClassVar[bool] = False
 
     @property
     @abc.abstractmethod
@@ -195,7 +199,9 @@ class AbstractMatrixLieGroup(AbstractLieGroup):
 
 class CommutativeVectorForms:
     """The vector forms of a commutative group (``R^n``, SO(2)): ``Ad = I`` and ``ad = 0``
-    act without building matrices."""
+    act without building matrices.  Declares :attr:`AbstractLieGroup.commutative`."""
+
+    commutative: ClassVar[bool] = True
 
     def Ad_apply(self, g, xi):  # noqa: N802
         return xi

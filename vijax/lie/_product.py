@@ -52,8 +52,12 @@ class ProductGroup(AbstractLieGroup):
         self.factors = tuple(factors)
 
     @property
-    def abelian(self) -> bool:  # every factor abelian
-        return all(f.abelian for f in self.factors)
+    def commutative(self) -> bool:  # every factor commutative
+        return all(f.commutative for f in self.factors)
+
+    @property
+    def vector_space(self) -> bool:  # every factor R^n
+        return all(f.vector_space for f in self.factors)
 
     @property
     def dims(self) -> tuple[int, ...]:

@@ -39,6 +39,11 @@ class AbstractRetraction(eqx.Module):
         """Raise ``TypeError`` if the retraction is not defined on ``group``."""
 
     @abc.abstractmethod
+    def flat(self, group: AbstractLieGroup) -> bool:
+        """``True`` when ``d^L τ = I`` on all of ``g`` (so ``dd^L τ = 0``): integrators then
+        skip the tangent maps, exactly."""
+
+    @abc.abstractmethod
     def tau(self, group: AbstractLieGroup, xi):
         """``τ(ξ)``."""
 
@@ -66,6 +71,10 @@ class AbstractRetraction(eqx.Module):
 
 class Exp(AbstractRetraction):
     """The exponential map, ``τ = exp`` (defined on every Lie group)."""
+
+    def flat(self, group):
+        # d^L exp = Σ (-ad)^k/(k+1)! = I where ad = 0
+        return bool(group.commutative)
 
     def tau(self, group, xi):
         return group.exp(xi)
@@ -101,6 +110,10 @@ class Cayley(AbstractRetraction):
                 f"the Cayley retraction is not defined on {type(group).__name__} (it needs a "
                 f"group that declares vijax.lie.AbstractCayleyGroup, such as SO(3), SE(2), SE(3) "
                 f"or R^n, or a ProductGroup of such groups); use vijax.lie.Exp() instead.")
+
+    def flat(self, group):
+        # d^L cay = (I - ad/2)^{-1} only on R^n, where cay = id (SO(2): 1/(1 + ξ²/4))
+        return bool(group.vector_space)
 
     def tau(self, group, xi):
         return group.cay(xi)

@@ -18,7 +18,7 @@ class Rn(CommutativeVectorForms, AbstractCayleyGroup):
     identities, so they cost nothing."""
 
     n: int = eqx.field(static=True)
-    abelian: ClassVar[bool] = True
+    vector_space: ClassVar[bool] = True
 
     @property
     def dim(self) -> int:

@@ -1,10 +1,10 @@
 """The rotation group SO(2) as ``2 × 2`` rotation matrices, algebra ``R^1``.
 
-SO(2) is abelian: ``Ad = 1``, ``ad = 0`` and ``d^L exp = 1`` exactly.  The Cayley map
-``cay(ξ) = (I - ξ̂/2)^{-1}(I + ξ̂/2)`` is the rotation by ``2 atan(ξ/2)``, whose tangent
-``d^L cay_ξ = 1/(1 + ξ²/4)`` is not the identity; the class therefore keeps
-``abelian = False`` (that flag lets integrators drop ``dτ`` altogether, which is exact for
-``exp`` but not for ``cay``).  Compare :class:`vijax.lie.Rn` for the angle as a plain number.
+SO(2) is commutative (``commutative = True``): ``Ad = 1``, ``ad = 0`` and ``d^L exp = 1``
+exactly.  It is not a vector space: the Cayley map ``cay(ξ) = (I - ξ̂/2)^{-1}(I + ξ̂/2)`` is the
+rotation by ``2 atan(ξ/2)``, whose tangent ``d^L cay_ξ = 1/(1 + ξ²/4)`` is not the identity
+(:meth:`vijax.lie.AbstractRetraction.flat` is true for ``exp`` on SO(2), false for ``cay``).
+Compare :class:`vijax.lie.Rn` for the angle as a plain number.
 """
 
 from __future__ import annotations

@@ -41,7 +41,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, PyTree
 
 from ... import constraints as cons
 from ... import tableaus as tb
@@ -49,30 +48,25 @@ from ..._checks import is_traced, refuse
 from ..._linalg import mm
 from ..._typing import ScalarLike, Vector
 from ...lie import AbstractRetraction, Exp
-from ...quadrature import lagrange_extrapolation_matrix
 from ...solvers import AbstractRootSolver, FixedPoint, Newton, SolverStats
 from ...systems import (ForcedSystem, HolonomicSystem, LieGroupSystem, NonholonomicSystem,
                         TimeDependentSystem)
-from .._base import AbstractIntegrator, AbstractState, IncompatibleSystemError, accepting
+from .._base import AbstractIntegrator, IncompatibleSystemError, accepting
+from .._prk_core import (PRKState, at_nodes, initial_state, next_state, predict,
+                         stage_equations)
+from ..nonholonomic import _FORMS
 from ..nonholonomic import _check_hypotheses as _check_nonholonomic_hypotheses
-from ..vprk import TableauPresets, _as_pair, at_nodes
+from ..vprk import TableauPresets, _as_pair
 from ._dynamics import nonholonomic_multiplier
 
 __all__ = ["GroupVPRK", "GroupPRKState"]
 
 
-class GroupPRKState(AbstractState):
-    """``(t, g, μ)`` (``q`` the group element, ``p`` the body momentum), the node body
-    velocity ``v``, the node multiplier ``lam`` (empty without constraints) and the last
-    step's stage values (``stages`` the ``H^i``, ``lams`` the ``Λ^i``) for the predictor."""
-
-    t: Float[Array, ""]
-    q: PyTree
-    p: Float[Array, " d"]
-    v: Float[Array, " d"]
-    lam: Float[Array, " m"]
-    stages: Float[Array, "s d"]
-    lams: Float[Array, "s m"]
+#: ``(t, g, μ)`` (``q`` the group element, ``p`` the body momentum), the node body velocity
+#: ``v``, the node multiplier ``lam`` (empty without constraints) and the last step's stage
+#: values (``stages`` the ``H^i``, ``lams`` the ``Λ^i``) for the predictor
+#: (:class:`vijax.PRKState`, the state of every PRK family).
+GroupPRKState = PRKState
 
 
 class GroupVPRK(TableauPresets, AbstractIntegrator):
@@ -91,6 +85,12 @@ class GroupVPRK(TableauPresets, AbstractIntegrator):
     solver:
         Default: :class:`~vijax.solvers.FixedPoint` preconditioned by the inverse velocity
         Hessian for unconstrained systems, :class:`~vijax.solvers.Newton` with constraints.
+    form:
+        ``"lagrangian"`` (default) or ``"hamiltonian"``: for a nonholonomic system, the
+        Hamiltonian form of their App. G (unknowns ``H^i``, the stage momenta and the
+        impulses; every derivative from the reduced Hamiltonian ``𝔥(g, μ)``,
+        ``system.hamiltonian``), the same trajectory to solver tolerance for a hyperregular
+        Lagrangian.  Unconstrained and holonomic systems refuse it.
 
     Presets: :meth:`gauss` (order ``2s``), :meth:`lobatto` (order ``2s - 2``), :meth:`midpoint`.
     """
@@ -98,6 +98,7 @@ class GroupVPRK(TableauPresets, AbstractIntegrator):
     tableau: tb.PartitionedTableau
     retraction: AbstractRetraction
     solver: AbstractRootSolver | None
+    form: str = eqx.field(static=True)
 
     symplectic = True
     required = frozenset({LieGroupSystem})
@@ -105,13 +106,17 @@ class GroupVPRK(TableauPresets, AbstractIntegrator):
                            TimeDependentSystem})
 
     def __init__(self, tableau, retraction: AbstractRetraction | None = None,
-                 solver: AbstractRootSolver | None = None):
+                 solver: AbstractRootSolver | None = None, form: str = "lagrangian"):
         self.tableau = _as_pair(tableau)
         self.retraction = Exp() if retraction is None else retraction
         if not isinstance(self.retraction, AbstractRetraction):
             raise TypeError(f"retraction must be vijax.lie.Exp() or vijax.lie.Cayley(), got "
                             f"{type(self.retraction).__name__}.")
+        if form not in _FORMS:
+            raise ValueError(f"GroupVPRK: form={form!r}; use 'lagrangian' (App. F) or "
+                             f"'hamiltonian' (App. G, nonholonomic systems).")
         self.solver = solver
+        self.form = form
 
     # -- presets (gauss, lobatto, midpoint from TableauPresets) ------------------------------
     @classmethod
@@ -136,7 +141,8 @@ class GroupVPRK(TableauPresets, AbstractIntegrator):
 
     @property
     def name(self) -> str:
-        return f"GroupVPRK[{self.tableau.name}, {self.retraction.name}]"
+        form = "" if self.form == "lagrangian" else ", hamiltonian"
+        return f"GroupVPRK[{self.tableau.name}, {self.retraction.name}{form}]"
 
     @property
     def symmetric(self) -> bool:
@@ -175,6 +181,8 @@ class GroupVPRK(TableauPresets, AbstractIntegrator):
             return False
         if isinstance(system, HolonomicSystem) and isinstance(system, NonholonomicSystem):
             return False
+        if self.form == "hamiltonian" and self._mode(system) != "nonholonomic":
+            return False
         return self._mode(system) == "free" or self._fits_constraints()
 
     def check_system(self, system) -> None:
@@ -185,6 +193,11 @@ class GroupVPRK(TableauPresets, AbstractIntegrator):
             raise IncompatibleSystemError(
                 f"{self.name} takes holonomic or nonholonomic constraints, not both; "
                 f"{name} declares both.")
+        if self.form == "hamiltonian" and self._mode(system) != "nonholonomic":
+            raise IncompatibleSystemError(
+                f"{self.name}: the Hamiltonian form (Martín de Diego & Sato Martín de Almagro "
+                f"(2022), App. G) is written for nonholonomic systems, and {name} is not one; "
+                f"use GroupVPRK(..., form='lagrangian') (the default).")
         if self._mode(system) != "free":
             try:
                 _check_nonholonomic_hypotheses(self.tableau, self.name,
@@ -243,107 +256,44 @@ class GroupVPRK(TableauPresets, AbstractIntegrator):
         else:
             m = system.holonomic(q0).shape[0] if self._mode(system) == "holonomic" else 0
             lam0 = jnp.zeros((m,), dtype)
-        s = self.stages
-        return GroupPRKState(t=t0, q=q0, p=sys0.momentum(q0, v0), v=v0, lam=lam0,
-                             stages=jnp.broadcast_to(v0, (s,) + v0.shape),
-                             lams=jnp.broadcast_to(lam0, (s,) + lam0.shape))
+        return initial_state(self.tableau, t0, q0, sys0.momentum(q0, v0), v0, lam0)
 
     # -- the stage equations ----------------------------------------------------------------
     def stage_equations(self, system, state: GroupPRKState, h: ScalarLike, X, force=None,
                         dd_term: bool = True):
-        """Residuals of the step at the unknowns ``X = (H, μ, ξ1)`` (``μ`` the impulses
-        ``h Λ^i``: ``i = 2..s`` nonholonomic, ``i = 1..s`` holonomic, empty otherwise; ``ξ1``
-        the node velocity of the holonomic form, else ``None``), and as auxiliary output
-        ``(g_{k+1}, μ_{k+1}, ξ_{k+1})`` (the node velocity ``η^s`` nonholonomic, the unknown
-        ``ξ1`` holonomic, ``None`` unconstrained).  ``dd_term=False`` drops the
-        ``(dd^Lτ)*`` term (for the test that shows why it is there).  With holonomic
-        constraints the state's multiplier starts at zero: it only seeds the predictor, every
-        ``Λ^i`` being an unknown of each step."""
-        mode = self._mode(system)
-        G_ = system.group
-        R = self.retraction
-        dtype = state.p.dtype
-        a, ahat, b = (jnp.asarray(x, dtype) for x in (self.tableau.q.a, self.tableau.p.a,
-                                                      self.tableau.q.b))
-        H, mus, xi1 = X
-        g, mu0 = state.q, state.p
-        times = state.t + h * jnp.asarray(self.tableau.q.c, dtype)
-        Xi = h * mm(a, H)
-        xi = h * mm(b, H)
-        abelian = G_.abelian
-        if abelian:
-            T, D = None, None
-            G = jax.vmap(lambda x: G_.compose(g, x))(Xi)
-            V = H
-        else:
-            # per stage τ(Ξ^i), D^i = d^Lτ_{Ξ^i} and the stage velocity V^i = D^i H^i
-            T = jax.vmap(lambda x: R.tau(G_, x))(Xi)
-            D = jax.vmap(lambda x: R.dtau(G_, x))(Xi)
-            G = jax.vmap(lambda t: G_.compose(g, t))(T)
-            V = jnp.einsum("ide,ie->id", D, H)
-        D1, D2 = at_nodes(system, times, lambda sy, x, y: sy.derivatives(x, y), G, V)
-        hF = h * D1 if force is None else h * (D1 + force(G, V))
-        if mode == "nonholonomic":
-            A = at_nodes(system, times, lambda sy, x, y: sy.constraint_matrix(x, y), G, V)
-            imp = jnp.concatenate([(h * state.lam)[None, :], mus])
-            hF = hF + jnp.einsum("imd,im->id", A, imp)
-        elif mode == "holonomic":
-            J = jax.vmap(lambda x: G_.left_jacobian(system.holonomic, x))(G)
-            hF = hF - jnp.einsum("imd,im->id", J, mus)
-        if abelian:
-            hN, Pi, dd, Psi = hF, D2, 0.0, hF
-        else:
-            hN = jnp.einsum("ide,id->ie", D, hF)                 # (d^Lτ)* hF
-            Pi = jnp.einsum("ide,id->ie", D, D2)                 # (d^Lτ)* D2ℓ
-            # (dd^Lτ_Ξ)*(H, Π) = [∂_Ξ(d^Lτ_Ξ H)]ᵀ (d^Lτ_Ξ)^{-T} Π, and (d^Lτ)^{-T} Π = D2ℓ
-            dd = (jax.vmap(lambda x, y, z: jax.vjp(lambda u: R.dtau(G_, u) @ y, x)[1](z)[0])(
-                Xi, H, D2) if dd_term else 0.0)
-            # (d^Lτ^{-1}_{-Ξ})* N = (Ad^{-1}_{τ(Ξ)})* (d^Lτ^{-1}_Ξ)* N = Ad*_{τ(Ξ)^{-1}} hF:
-            # their eq. (28), no inverse tangent needed
-            Psi = jax.vmap(lambda t, f: G_.Ad_star(G_.inverse(t), f))(T, hF)
-        tau_xi = R.tau(G_, xi)
-        mu1 = G_.Ad_star(tau_xi, mu0 + mm(b, Psi))
-        rhs = mu1 if abelian else R.dtau(G_, xi).T @ mu1
-        res = Pi + mm(b[None, :] - ahat, hN + h * dd) - rhs[None, :]
-        g1 = G_.compose(g, tau_xi)
-        if mode == "nonholonomic":
-            base = mu0[None, :] + mm(a[1:], Psi)
-            stage_mu = base if abelian else jax.vmap(G_.Ad_star)(
-                jax.tree_util.tree_map(lambda t: t[1:], T), base)
-            eta = at_nodes(system, times[1:], lambda sy, x, m, v: sy.velocity(x, m, v),
-                           jax.tree_util.tree_map(lambda x: x[1:], G), stage_mu, V[1:])
-            phi = at_nodes(system, times[1:], lambda sy, x, v: sy.nonholonomic(x, v),
-                           jax.tree_util.tree_map(lambda x: x[1:], G), eta)
-            return (res, phi), (g1, mu1, eta[-1])
-        if mode == "holonomic":
-            sys1 = system.at(state.t + h)
-            rows = jax.vmap(system.holonomic)(jax.tree_util.tree_map(lambda x: x[1:], G)) / h
-            tangency = G_.left_jacobian(system.holonomic, g1) @ xi1
-            return (res, rows, sys1.momentum(g1, xi1) - mu1, tangency), (g1, mu1, xi1)
-        return res, (g1, mu1, None)
+        """Residuals of the step at the unknowns ``X = (H, μ, extra)`` (``μ`` the impulses
+        ``h Λ^i``: ``i = 2..s`` nonholonomic, ``i = 1..s`` holonomic, empty otherwise;
+        ``extra`` the node velocity ``ξ_{k+1}`` of the holonomic form, the stage velocities
+        ``η^2..η^s`` of a nonholonomic Lagrangian not quadratic in ``ξ``, the stage momenta
+        of the Hamiltonian form, else ``None``), and the step's
+        :class:`~vijax.integrators._prk_core.StepOutput` ``(g_{k+1}, μ_{k+1}, ξ_{k+1}, F)``.
+        ``dd_term=False`` drops the ``(dd^Lτ)*`` term (for the test that shows why it is
+        there).  With holonomic constraints the state's multiplier starts at zero: it only
+        seeds the predictor, every ``Λ^i`` being an unknown of each step."""
+        return stage_equations(self.tableau, system.group, self.retraction, system,
+                               self._mode(system), state, h, X, force, form=self.form,
+                               dd_term=dd_term)
 
-    def _predictor(self, state: GroupPRKState, h, mode):
-        c = np.asarray(self.tableau.q.c)
-        if len(set(self.tableau.q.c_)) < self.stages:
-            extrap = np.zeros((self.stages, self.stages))
-            extrap[:, -1] = 1.0
-        else:
-            extrap = lagrange_extrapolation_matrix(c, 1.0 + c)
-        extrap = jnp.asarray(extrap, state.p.dtype)
-        H0 = mm(extrap, state.stages)
-        if mode == "nonholonomic":
-            return (H0, h * mm(extrap, state.lams)[1:], None)
-        if mode == "holonomic":
-            return (H0, h * mm(extrap, state.lams), state.v + H0[-1] - state.stages[-1])
-        return (H0, jnp.zeros((0,), state.p.dtype), None)
+    def _predictor(self, system, state: GroupPRKState, h, mode):
+        if mode == "nonholonomic" and self.form == "hamiltonian":
+            H0, mus0, _ = predict(self.tableau, state, h, mode)
+            G_, R = system.group, self.retraction
+            a = jnp.asarray(self.tableau.q.a, state.p.dtype)
+            Xi = h * mm(a, H0)
+            G = jax.vmap(lambda x: R.retract(G_, state.q, x))(Xi)
+            V = jax.vmap(lambda x, y: R.dtau(G_, x) @ y)(Xi, H0)
+            times = state.t + h * jnp.asarray(self.tableau.q.c, state.p.dtype)
+            return (H0, mus0, at_nodes(system, times, lambda sy, x, y: sy.momentum(x, y), G, V))
+        extra = ("velocities" if mode == "nonholonomic" and not system.quadratic_in_velocity
+                 else "")
+        return predict(self.tableau, state, h, mode, extra)
 
     def step(self, system, state: GroupPRKState, h: ScalarLike, u=None
              ) -> tuple[GroupPRKState, SolverStats]:
         mode = self._mode(system)
         force = self._force(system, state, h, u)
-        X0 = self._predictor(state, h, mode)
+        X0 = self._predictor(system, state, h, mode)
         solver = self._solver(system)
-        precond = None
         if mode == "free":
             minv = system.at(state.t).inverse_velocity_hessian(state.q, state.v)
 
@@ -351,26 +301,18 @@ class GroupVPRK(TableauPresets, AbstractIntegrator):
                 return mm(r, minv.T)
 
             def residual(H):
-                return self.stage_equations(system, state, h, (H, X0[1], None), force)
+                return self.stage_equations(system, state, h, (H,) + X0[1:], force)
 
-            H, (g1, mu1, _), stats = solver.solve(residual, X0[0], precond, has_aux=True)
-            X = (H, X0[1], None)
+            H, out, stats = solver.solve(residual, X0[0], precond, has_aux=True)
+            X = (H,) + X0[1:]
+            v1 = system.at(state.t + h).velocity(out.q, out.p, state.v)
         else:
             # the node velocity: η^s (nonholonomic) or the unknown ξ_{k+1} (holonomic), from
             # the last residual evaluation
-            X, (g1, mu1, v1), stats = solver.solve(
+            X, out, stats = solver.solve(
                 lambda X: self.stage_equations(system, state, h, X, force), X0, has_aux=True)
-        H, mus = X[0], X[1]
-        if mode == "nonholonomic":
-            lams = jnp.concatenate([state.lam[None, :], mus / h])
-        elif mode == "holonomic":
-            lams = mus / h
-        else:
-            lams = state.lams
-            v1 = system.at(state.t + h).velocity(g1, mu1, state.v)
-        new = GroupPRKState(t=state.t + h, q=g1, p=mu1, v=v1, lam=lams[-1], stages=H,
-                            lams=lams)
-        return new, stats
+            v1 = None
+        return next_state(state, mode, X, out, h, v1), stats
 
     def velocity(self, system, state: GroupPRKState) -> Vector:
         return state.v

@@ -111,7 +111,7 @@ def dexp_star(group, x, w):
     """``dexp*_x w`` for the paper's right-trivialised ``dexp_x = Σ ad_x^k/(k+1)!``: on a vijax
     group (left-trivialised ``dexp``) that is ``group.dexp(-x)ᵀ w``.  Exact: the symplecticity
     of the methods depends on it (Bogfjellmo & Marthinsen (2016), §6)."""
-    if group.abelian:
+    if group.commutative:
         return w
     return group.dexp(-x).T @ w
 
@@ -121,7 +121,7 @@ def dexpinv_truncated(group, r: int, x, xi):
     right-trivialised ``dexp⁻¹`` (Bogfjellmo & Marthinsen (2016), §4.1, eq. (14)); ``r = 0`` is
     the identity, and ``r = 2k``, ``2k + 1`` give the same map (``B_odd = 0`` beyond ``B_1``).
     It is a defining part of VRKMK, not an approximation of the exact ``dexp⁻¹``."""
-    if r == 0 or group.abelian:
+    if r == 0 or group.commutative:
         return xi
     out = xi
     term = xi

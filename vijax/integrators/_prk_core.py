@@ -1,0 +1,273 @@
+"""The stage equations of every variational PRK family, written once on a Lie group.
+
+Martín de Diego & Sato Martín de Almagro (2022) derive the variational PRK methods on a vector
+space (§4.2, eq. (9)), with holonomic constraints (§4.3, eq. (13)), with nonholonomic ones (§5,
+eq. (14); Hamiltonian form eq. (15), App. E), and on a Lie group over a retraction ``τ``
+(§6, Thm 6.1; constraints §6.3--§6.4, App. F, and the Hamiltonian form App. G).  The group
+equations contain the vector-space ones: on ``R^n`` (``compose = +``, ``τ = id``,
+``d^L τ = I``, ``Ad = I``) they *are* eqs. (9), (13), (14) and (15).  This module holds them
+once; :class:`vijax.VPRK`, :class:`vijax.HolonomicVPRK`, :class:`vijax.NonholonomicVPRK` call
+it with the group ``R^n`` and :class:`vijax.GroupVPRK` with the system's group.  The branches
+on the group's traits (:attr:`vijax.lie.AbstractLieGroup.commutative`,
+:meth:`vijax.lie.AbstractRetraction.flat`) drop the tangent maps where they are the identity,
+so that on ``R^n`` the compiled residual is the vector-space one (measured: no per-step cost
+added, ``benchmarks/prk_core.py``).
+
+With unknown stage algebra elements ``H^1..H^s`` (stage velocities ``V^i`` on ``R^n``):
+
+    Ξ^i = h Σ_j a_ij H^j,   G^i = g_k τ(Ξ^i),   V^i = d^Lτ_{Ξ^i} H^i,   ξ = h Σ_j b_j H^j,
+    F^i = L*_{G^i} D1ℓ(G^i, V^i) + F_ext^i + (constraint forces),
+    μ_{k+1} = Ad*_{τ(ξ)} [μ_k + h Σ_j b_j Ad*_{τ(Ξ^j)^{-1}} F^j],
+    0 = (d^Lτ_{Ξ^i})* D2ℓ + h Σ_j (b_j - â_ij) [(d^Lτ_{Ξ^j})* F^j + (dd^Lτ_{Ξ^j})*(H^j, D2ℓ^j)]
+        - (d^Lτ_ξ)* μ_{k+1},
+    g_{k+1} = g_k τ(ξ),
+
+(their eqs. (24)--(30), ``b_j a_ji / b_i = b_j - â_ij``); on a commutative group with a flat
+retraction the residual is written directly as ``D2ℓ(G^i, V^i) - μ_k - h Σ_j â_ij F^j``
+(their eq. (9)), the same equation without the round-off of adding and subtracting ``μ_{k+1}``.
+
+Constraints (``mode``):
+
+* ``"holonomic"``: ``F^i`` gains ``-(L*_{G^i} DΦ)ᵀ Λ^i``; the unknowns are ``(H, hΛ^1..hΛ^s,
+  ξ_{k+1})`` and the residual ``(stage rows, Φ(G^i)/h (i >= 2), D2ℓ(g_{k+1}, ξ_{k+1}) - μ_{k+1},
+  L*DΦ(g_{k+1}) ξ_{k+1})`` (eq. (13) and §6.3);
+* ``"nonholonomic"``: ``F^i`` gains ``D2φ(G^i, V^i)ᵀ Λ^i`` with ``Λ^1 = λ_k`` carried; the
+  constraint is imposed on the IIIA-built stage momenta ``μ^i = Ad*_{τ(Ξ^i)} [μ_k + h Σ_j
+  a_ij Ad*_{τ(Ξ^j)^{-1}} F^j]`` through ``φ(G^i, η^i) = 0``, ``D2ℓ(G^i, η^i) = μ^i``
+  (``i = 2..s``; eq. (14), App. F).  The unknowns are ``(H, hΛ^2..hΛ^s, w)``: ``w = η^2..η^s``
+  joins them for a Lagrangian not declared ``quadratic_in_velocity`` (else ``η^i`` is one
+  linear solve);
+* ``form="hamiltonian"`` (nonholonomic only; eq. (15), App. E, App. G): the unknowns are
+  ``(H, hΛ^2..hΛ^s, P)`` with ``P^i`` the stage momenta ``μ̄^i = (d^Lτ_{Ξ^i})^{-*} Π^i``; the
+  derivatives come from the reduced Hamiltonian ``𝔥(g, μ)`` (``system.hamiltonian``):
+  ``d^Lτ_{Ξ^i} H^i = D2𝔥(G^i, P^i)`` (App. G prints ``(d^Lτ)*`` here; the dimensions need the
+  tangent itself), ``F^i = -L*_{G^i} D1𝔥(G^i, P^i) + ...`` with the constraint one-forms
+  ``♭_𝔥(D2ψ) = D2φ(G^i, D2𝔥)`` and ``η^i = D2𝔥(G^i, μ^i)``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, PyTree
+
+from .. import tableaus as tb
+from .._linalg import mm
+from ..lie import AbstractLieGroup, AbstractRetraction, Exp, Rn
+from ..quadrature import lagrange_extrapolation_matrix
+from ._base import AbstractState
+
+__all__ = ["PRKState", "StepOutput", "stage_equations", "extrapolation", "predict", "at_nodes",
+           "vector_space", "initial_state", "next_state"]
+
+MODES = ("free", "holonomic", "nonholonomic")
+
+
+class PRKState(AbstractState):
+    """``(t, q, p)`` (``q`` a vector or a group element, ``p`` the (body) momentum), the node
+    velocity ``v``, the node multiplier ``lam`` (empty without constraints) and the last step's
+    stage values (``stages`` the ``H^i`` (the stage velocities ``V^i`` on a vector space),
+    ``lams`` the ``Λ^i``) from which the next step's predictor is built.  For a nonholonomic
+    system ``lam`` is ``Λ^s`` of the step that ended here, the next step's ``Λ^1``, and ``v``
+    is the node velocity ``η^s`` (the inverse Legendre map of ``p``), not the IIIB stage
+    velocity."""
+
+    t: Float[Array, ""]
+    q: PyTree
+    p: Float[Array, " d"]
+    v: Float[Array, " d"]
+    lam: Float[Array, " m"]
+    stages: Float[Array, "s d"]
+    lams: Float[Array, "s m"]
+
+
+class StepOutput(NamedTuple):
+    """What a residual evaluation gives besides the residual: ``g_{k+1}``, ``μ_{k+1}``, the
+    node velocity (``η^s`` nonholonomic, the unknown ``ξ_{k+1}`` holonomic, ``None`` free) and
+    the stage forces ``L*D1ℓ(G^i, V^i) + F_ext^i`` without the constraint forces (what the
+    vector-space VPRK stores as its ``W^i``)."""
+
+    q: PyTree
+    p: Array
+    v: Optional[Array]
+    forces: Array
+
+
+def at_nodes(system, times, fn, *args):
+    """``fn(system.at(t_i), *args_i)`` over the leading axis (``jax.vmap``); ``times`` may be
+    ``None`` for a system whose Lagrangian does not depend on time."""
+    if times is None:
+        return jax.vmap(lambda *x: fn(system, *x))(*args)
+    return jax.vmap(lambda t, *x: fn(system.at(t), *x))(times, *args)
+
+
+def vector_space(q) -> tuple[AbstractLieGroup, AbstractRetraction]:
+    """The group ``R^n`` of a vector configuration ``q`` and its (identity) retraction."""
+    return Rn(int(q.shape[-1])), Exp()
+
+
+def _rows(tree, start):
+    return jax.tree_util.tree_map(lambda x: x[start:], tree)
+
+
+def _coefficients(pair: tb.PartitionedTableau, dtype):
+    return tuple(jnp.asarray(x, dtype) for x in (pair.q.a, pair.p.a, pair.q.b, pair.q.c))
+
+
+def _hamiltonian_derivatives(group, sy, g, mu):
+    """``(L*_g D1𝔥, D2𝔥)`` of the (reduced) Hamiltonian at ``(g, μ)`` in one reverse pass."""
+    zero = jnp.zeros_like(mu)
+    return jax.grad(lambda z, m: sy.hamiltonian(group.compose(g, group.exp(z)), m),
+                    argnums=(0, 1))(zero, mu)
+
+
+def stage_equations(pair: tb.PartitionedTableau, group: AbstractLieGroup,
+                    retraction: AbstractRetraction, system, mode: str, state, h, X,
+                    force=None, *, form: str = "lagrangian", dd_term: bool = True,
+                    with_stages: bool = False):
+    """Residuals of one step at the unknowns ``X = (H, μ, extra)`` and a :class:`StepOutput`
+    (see the module docstring for the unknowns of each ``mode`` and ``form``).  ``state``
+    needs ``t``, ``q``, ``p`` and, with constraints, ``lam`` and ``v``.  ``force(G, V)`` gives
+    the stage generalised forces (:func:`vijax.integrators._forcing.stage_force`).
+    ``dd_term=False`` drops the ``(dd^Lτ)*`` term (for the test that shows why it is there).
+    ``with_stages=True`` adds ``(G^i, μ^i, η^i)`` for ``i = 1..s`` (nonholonomic only) to the
+    output: where the constraint is imposed."""
+    dtype = state.p.dtype
+    a, ahat, b, c = _coefficients(pair, dtype)
+    H, mus, extra = X
+    g, mu0 = state.q, state.p
+    times = state.t + h * c
+    flat = retraction.flat(group)
+    commutative = group.commutative
+    Xi = h * mm(a, H)
+    xi = h * mm(b, H)
+    T = jax.vmap(lambda x: retraction.tau(group, x))(Xi)
+    G = jax.vmap(lambda t: group.compose(g, t))(T)
+    if flat:
+        D, V = None, H
+    else:
+        # per stage D^i = d^Lτ_{Ξ^i} and the stage velocity V^i = D^i H^i
+        D = jax.vmap(lambda x: retraction.dtau(group, x))(Xi)
+        V = jnp.einsum("ide,ie->id", D, H)
+    hamiltonian = form == "hamiltonian"
+    extra_rows = ()
+    if hamiltonian:
+        P = extra
+        Hq, Hp = at_nodes(system, times, lambda sy, x, y: _hamiltonian_derivatives(group, sy, x, y),
+                          G, P)
+        D1, D2 = -Hq, P
+        extra_rows = (V - Hp,)
+    else:
+        D1, D2 = at_nodes(system, times, lambda sy, x, y: sy.derivatives(x, y), G, V)
+    F = D1 if force is None else D1 + force(G, V)
+    hF = h * F
+    if mode == "nonholonomic":
+        A = at_nodes(system, times, lambda sy, x, y: sy.constraint_matrix(x, y), G,
+                     Hp if hamiltonian else V)
+        hF = hF + jnp.einsum("imd,im->id", A, jnp.concatenate([(h * state.lam)[None, :], mus]))
+    elif mode == "holonomic":
+        J = jax.vmap(lambda x: group.left_jacobian(system.holonomic, x))(G)
+        hF = hF - jnp.einsum("imd,im->id", J, mus)
+    # (d^Lτ^{-1}_{-Ξ})* N = (Ad^{-1}_{τ(Ξ)})* (d^Lτ^{-1}_Ξ)* N = Ad*_{τ(Ξ)^{-1}} hF: their
+    # eq. (28), no inverse tangent needed
+    Psi = hF if commutative else jax.vmap(lambda t, f: group.Ad_star(group.inverse(t), f))(T, hF)
+    tau_xi = retraction.tau(group, xi)
+    base1 = mu0 + mm(b, Psi)
+    mu1 = base1 if commutative else group.Ad_star(tau_xi, base1)
+    if flat and commutative:
+        res = D2 - (mu0[None, :] + mm(ahat, hF))
+    else:
+        if flat:
+            hN, Pi, dd = hF, D2, 0.0
+        else:
+            hN = jnp.einsum("ide,id->ie", D, hF)             # (d^Lτ)* hF
+            Pi = jnp.einsum("ide,id->ie", D, D2)             # (d^Lτ)* D2ℓ
+            # (dd^Lτ_Ξ)*(H, Π) = [∂_Ξ(d^Lτ_Ξ H)]ᵀ (d^Lτ_Ξ)^{-T} Π, and (d^Lτ)^{-T} Π = D2ℓ
+            dd = (jax.vmap(lambda x, y, z: jax.vjp(lambda u: retraction.dtau(group, u) @ y,
+                                                     x)[1](z)[0])(Xi, H, D2)
+                  if dd_term else 0.0)
+        rhs = mu1 if flat else retraction.dtau(group, xi).T @ mu1
+        res = Pi + mm(b[None, :] - ahat, hN + h * dd) - rhs[None, :]
+    g1 = group.compose(g, tau_xi)
+    if mode == "nonholonomic":
+        base = mu0[None, :] + mm(a[1:], Psi)
+        stage_mu = base if commutative else jax.vmap(group.Ad_star)(_rows(T, 1), base)
+        G2, t2 = _rows(G, 1), times[1:]
+        if hamiltonian:
+            eta = at_nodes(system, t2, lambda sy, x, m: jax.grad(sy.hamiltonian, 1)(x, m), G2,
+                           stage_mu)
+        elif extra is None:
+            eta = at_nodes(system, t2, lambda sy, x, m, v: sy.velocity(x, m, v), G2, stage_mu,
+                           V[1:])
+        else:
+            eta = extra
+            extra_rows = (at_nodes(system, t2, lambda sy, x, v: sy.momentum(x, v), G2, eta)
+                          - stage_mu,)
+        phi = at_nodes(system, t2, lambda sy, x, v: sy.nonholonomic(x, v), G2, eta)
+        out = StepOutput(g1, mu1, eta[-1], F)
+        if with_stages:
+            out = (out, (G, jnp.concatenate([mu0[None, :], stage_mu]),
+                         jnp.concatenate([state.v[None, :], eta])))
+        return (res, phi) + extra_rows, out
+    if mode == "holonomic":
+        rows = jax.vmap(system.holonomic)(_rows(G, 1)) / h
+        tangency = group.left_jacobian(system.holonomic, g1) @ extra
+        momentum = system.at(state.t + h).momentum(g1, extra) - mu1
+        return (res, rows, momentum, tangency), StepOutput(g1, mu1, extra, F)
+    return res, StepOutput(g1, mu1, None, F)
+
+
+def extrapolation(pair: tb.PartitionedTableau, dtype, constant: bool = False):
+    """Predictor matrix, the previous step's stage values -> this step's: their interpolation
+    polynomial at ``1 + c_i``, or (``constant``, or repeated nodes) the last stage value."""
+    tq = pair.q
+    s = tq.stages
+    if constant or len(set(tq.c_)) < s:
+        extrap = np.zeros((s, s))
+        extrap[:, -1] = 1.0
+    else:
+        c = np.asarray(tq.c)
+        extrap = lagrange_extrapolation_matrix(c, 1.0 + c)
+    return jnp.asarray(extrap, dtype)
+
+
+def predict(pair: tb.PartitionedTableau, state: PRKState, h, mode: str, extra: str = ""):
+    """The warm start ``X0`` of :func:`stage_equations` from the previous step's stage values:
+    the stage values extrapolated; the holonomic node velocity shifted by the change of the
+    last stage; ``extra="velocities"`` (``w``, the nonholonomic ``η^2..η^s``): the predicted
+    stages shifted the same way.  (``extra="momenta"`` is left to the caller, which knows
+    the Legendre map.)"""
+    extrap = extrapolation(pair, state.p.dtype)
+    H0 = mm(extrap, state.stages)
+    shift = state.v - state.stages[-1]
+    if mode == "nonholonomic":
+        w0 = H0[1:] + shift[None, :] if extra == "velocities" else None
+        return (H0, h * mm(extrap, state.lams)[1:], w0)
+    if mode == "holonomic":
+        return (H0, h * mm(extrap, state.lams), H0[-1] + shift)
+    return (H0, jnp.zeros((0,), state.p.dtype), None)
+
+
+def initial_state(pair: tb.PartitionedTableau, t0, q0, p0, v0, lam0) -> PRKState:
+    """The state at ``t0``: every stage value starts at the initial velocity and multiplier."""
+    s = pair.q.stages
+    return PRKState(t=t0, q=q0, p=p0, v=v0, lam=lam0,
+                    stages=jnp.broadcast_to(v0, (s,) + v0.shape),
+                    lams=jnp.broadcast_to(lam0, (s,) + lam0.shape))
+
+
+def next_state(state: PRKState, mode: str, X, out: StepOutput, h, v_free=None) -> PRKState:
+    """The state after a converged step: the multipliers from the impulses, the node values
+    from the last residual evaluation."""
+    H, mus = X[0], X[1]
+    if mode == "nonholonomic":
+        lams = jnp.concatenate([state.lam[None, :], mus / h])
+    elif mode == "holonomic":
+        lams = mus / h
+    else:
+        lams = state.lams
+    v1 = v_free if out.v is None else out.v
+    return PRKState(t=state.t + h, q=out.q, p=out.p, v=v1, lam=lams[-1], stages=H, lams=lams)
