@@ -234,18 +234,31 @@ def extrapolation(pair: tb.PartitionedTableau, dtype, constant: bool = False):
     return jnp.asarray(extrap, dtype)
 
 
-def predict(pair: tb.PartitionedTableau, state: PRKState, h, mode: str, extra: str = ""):
+def predict(pair: tb.PartitionedTableau, state: PRKState, h, mode: str, extra: str = "", *,
+            system=None, group: Optional[AbstractLieGroup] = None,
+            retraction: Optional[AbstractRetraction] = None):
     """The warm start ``X0`` of :func:`stage_equations` from the previous step's stage values:
     the stage values extrapolated; the holonomic node velocity shifted by the change of the
-    last stage; ``extra="velocities"`` (``w``, the nonholonomic ``η^2..η^s``): the predicted
-    stages shifted the same way.  (``extra="momenta"`` is left to the caller, which knows
-    the Legendre map.)"""
+    last stage; the nonholonomic ``extra``: ``"velocities"`` (``w = η^2..η^s``) the predicted
+    stages shifted the same way, ``"momenta"`` (the Hamiltonian form; needs ``system``,
+    ``group`` and ``retraction``) the Legendre map ``D2ℓ(G^i, V^i)`` at the predicted
+    stages."""
     extrap = extrapolation(pair, state.p.dtype)
     H0 = mm(extrap, state.stages)
     shift = state.v - state.stages[-1]
     if mode == "nonholonomic":
-        w0 = H0[1:] + shift[None, :] if extra == "velocities" else None
-        return (H0, h * mm(extrap, state.lams)[1:], w0)
+        if extra == "velocities":
+            x0 = H0[1:] + shift[None, :]
+        elif extra == "momenta":
+            a, _, _, c = _coefficients(pair, state.p.dtype)
+            Xi = h * mm(a, H0)
+            G = jax.vmap(lambda x: retraction.retract(group, state.q, x))(Xi)
+            V = H0 if retraction.flat(group) else jax.vmap(
+                lambda x, y: retraction.dtau(group, x) @ y)(Xi, H0)
+            x0 = at_nodes(system, state.t + h * c, lambda sy, x, y: sy.momentum(x, y), G, V)
+        else:
+            x0 = None
+        return (H0, h * mm(extrap, state.lams)[1:], x0)
     if mode == "holonomic":
         return (H0, h * mm(extrap, state.lams), H0[-1] + shift)
     return (H0, jnp.zeros((0,), state.p.dtype), None)

@@ -38,7 +38,6 @@ import numpy as np
 from .. import constraints as cons
 from .. import tableaus as tb
 from .._checks import is_traced
-from .._linalg import mm
 from .._typing import ScalarLike, Vector
 from ..solvers import AbstractRootSolver, Newton, SolverStats
 from ..systems import ForcedSystem, LagrangianSystem, NonholonomicSystem, TimeDependentSystem
@@ -197,14 +196,11 @@ class NonholonomicVPRK(AbstractPRK):
                                h, X, force, form=self.form, with_stages=with_stages)
 
     def _predictor(self, system, state: NonholonomicState, h):
-        if self.form == "hamiltonian":
-            V0, mus0, _ = predict(self.tableau, state, h, "nonholonomic")
-            a = self._coefficients(state.q.dtype)[0]
-            P0 = at_nodes(system, self._stage_times(state.t, h),
-                          lambda sy, x, y: sy.momentum(x, y), state.q[None, :] + h * mm(a, V0), V0)
-            return (V0, mus0, P0)
-        extra = "" if self._explicit_velocities(system) else "velocities"
-        return predict(self.tableau, state, h, "nonholonomic", extra)
+        extra = ("momenta" if self.form == "hamiltonian" else
+                 "" if self._explicit_velocities(system) else "velocities")
+        group, retraction = vector_space(state.q)
+        return predict(self.tableau, state, h, "nonholonomic", extra, system=system, group=group,
+                       retraction=retraction)
 
     def step(self, system: LagrangianSystem, state: NonholonomicState, h: ScalarLike, u=None
              ) -> tuple[NonholonomicState, SolverStats]:

@@ -95,20 +95,9 @@ def _as_pair(tableau) -> tb.PartitionedTableau:
     )
 
 
-class AbstractPRK(AbstractDenseIntegrator):
-    """Shared traits of the partitioned Runge--Kutta families (VPRK and its constrained
-    variants): a symplectic-conjugate tableau pair, a root solver, and dense output from the
-    collocation polynomial of the stage velocities.
-
-    Dense output: when the ``q``-tableau is a collocation method (``a_ij = ∫_0^{c_i} l_j``:
-    Gauss, Lobatto IIIA), ``q(t_k + τh) = q_k + h Σ_j (∫_0^τ l_j) V^j`` is the step's
-    collocation polynomial (degree ``s``; it passes through every stage ``Q^i`` and through
-    ``q_{k+1}``), ``v`` is ``Σ_j l_j(τ) V^j`` and ``p`` the Legendre map of both, the last two
-    taking the node values at the grid points.  States carry the stage velocities
-    (``stages``) of the step that ended at them."""
-
-    tableau: AbstractVar[tb.PartitionedTableau]
-    solver: AbstractVar[AbstractRootSolver]
+class PRKTraits:
+    """The traits every PRK family reads off its tableau pair ``self.tableau`` (the
+    vector-space families through :class:`AbstractPRK`, and :class:`vijax.GroupVPRK`)."""
 
     @property
     def order(self) -> int:
@@ -117,17 +106,6 @@ class AbstractPRK(AbstractDenseIntegrator):
     @property
     def stages(self) -> int:
         return self.tableau.q.stages
-
-    @property
-    def symmetric(self) -> bool:
-        """Both tableaus symmetric, ``a_ij + a_{s+1-i, s+1-j} = b_j`` and
-        ``b_j = b_{s+1-j}`` (Gauss, Lobatto IIIA--IIIB; Hairer, Lubich & Wanner (2006),
-        Thm V.2.3)."""
-        def sym(t):
-            a, b = np.asarray(t.a, float), np.asarray(t.b, float)
-            return (np.allclose(a + a[::-1, ::-1], b[None, :], atol=1e-12)
-                    and np.allclose(b, b[::-1], atol=1e-12))
-        return sym(self.tableau.q) and sym(self.tableau.p)
 
     def force_nodes(self) -> np.ndarray:
         """The stage nodes ``c_i`` of the ``q``-tableau: the stage forces act at
@@ -146,6 +124,33 @@ class AbstractPRK(AbstractDenseIntegrator):
         """``(a, â, b)`` cast to the working dtype (constants in compiled code)."""
         q, p = self.tableau.q, self.tableau.p
         return tuple(jnp.asarray(x, dtype) for x in (q.a, p.a, q.b))
+
+
+class AbstractPRK(PRKTraits, AbstractDenseIntegrator):
+    """Shared traits of the partitioned Runge--Kutta families (VPRK and its constrained
+    variants): a symplectic-conjugate tableau pair, a root solver, and dense output from the
+    collocation polynomial of the stage velocities.
+
+    Dense output: when the ``q``-tableau is a collocation method (``a_ij = ∫_0^{c_i} l_j``:
+    Gauss, Lobatto IIIA), ``q(t_k + τh) = q_k + h Σ_j (∫_0^τ l_j) V^j`` is the step's
+    collocation polynomial (degree ``s``; it passes through every stage ``Q^i`` and through
+    ``q_{k+1}``), ``v`` is ``Σ_j l_j(τ) V^j`` and ``p`` the Legendre map of both, the last two
+    taking the node values at the grid points.  States carry the stage velocities
+    (``stages``) of the step that ended at them."""
+
+    tableau: AbstractVar[tb.PartitionedTableau]
+    solver: AbstractVar[AbstractRootSolver]
+
+    @property
+    def symmetric(self) -> bool:
+        """Both tableaus symmetric, ``a_ij + a_{s+1-i, s+1-j} = b_j`` and
+        ``b_j = b_{s+1-j}`` (Gauss, Lobatto IIIA--IIIB; Hairer, Lubich & Wanner (2006),
+        Thm V.2.3)."""
+        def sym(t):
+            a, b = np.asarray(t.a, float), np.asarray(t.b, float)
+            return (np.allclose(a + a[::-1, ::-1], b[None, :], atol=1e-12)
+                    and np.allclose(b, b[::-1], atol=1e-12))
+        return sym(self.tableau.q) and sym(self.tableau.p)
 
     # -- dense output ----------------------------------------------------------------------
     def _dense_nodes(self) -> np.ndarray:

@@ -38,7 +38,6 @@ The state carries the group element ``q = g_k``, the **body** momentum ``p = μ_
 from __future__ import annotations
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -52,11 +51,11 @@ from ...solvers import AbstractRootSolver, FixedPoint, Newton, SolverStats
 from ...systems import (ForcedSystem, HolonomicSystem, LieGroupSystem, NonholonomicSystem,
                         TimeDependentSystem)
 from .._base import AbstractIntegrator, IncompatibleSystemError, accepting
-from .._prk_core import (PRKState, at_nodes, initial_state, next_state, predict,
+from .._prk_core import (PRKState, initial_state, next_state, predict,
                          stage_equations)
 from ..nonholonomic import _FORMS
 from ..nonholonomic import _check_hypotheses as _check_nonholonomic_hypotheses
-from ..vprk import TableauPresets, _as_pair
+from ..vprk import PRKTraits, TableauPresets, _as_pair
 from ._dynamics import nonholonomic_multiplier
 
 __all__ = ["GroupVPRK", "GroupPRKState"]
@@ -69,7 +68,7 @@ __all__ = ["GroupVPRK", "GroupPRKState"]
 GroupPRKState = PRKState
 
 
-class GroupVPRK(TableauPresets, AbstractIntegrator):
+class GroupVPRK(TableauPresets, PRKTraits, AbstractIntegrator):
     """Variational PRK over a retraction on a Lie group (Martín de Diego & Sato Martín de
     Almagro (2022), Thm 6.1, §6.3, §6.4 and App. F), for a :class:`vijax.LieGroupSystem`,
     unconstrained, holonomically or nonholonomically constrained.
@@ -130,15 +129,7 @@ class GroupVPRK(TableauPresets, AbstractIntegrator):
         out += [("GroupVPRK.midpoint()", cls.midpoint())]
         return out + [(f"GroupVPRK.gauss({s})", cls.gauss(s)) for s in (2, 3)]
 
-    # -- traits -----------------------------------------------------------------------------
-    @property
-    def order(self) -> int:
-        return self.tableau.order
-
-    @property
-    def stages(self) -> int:
-        return self.tableau.q.stages
-
+    # -- traits (order, stages, force nodes and weights from PRKTraits) ----------------------
     @property
     def name(self) -> str:
         form = "" if self.form == "lagrangian" else ", hamiltonian"
@@ -160,12 +151,6 @@ class GroupVPRK(TableauPresets, AbstractIntegrator):
         """Global order of a nonholonomic multiplier: ``s`` (even ``s``) or ``s - 1``."""
         s = self.stages
         return s if s % 2 == 0 else s - 1
-
-    def force_nodes(self) -> np.ndarray:
-        return np.asarray(self.tableau.q.c, dtype=np.float64)
-
-    def force_weights(self) -> np.ndarray:
-        return np.asarray(self.tableau.q.b, dtype=np.float64)
 
     def _fits_constraints(self) -> bool:
         try:
@@ -275,18 +260,12 @@ class GroupVPRK(TableauPresets, AbstractIntegrator):
                                dd_term=dd_term)
 
     def _predictor(self, system, state: GroupPRKState, h, mode):
-        if mode == "nonholonomic" and self.form == "hamiltonian":
-            H0, mus0, _ = predict(self.tableau, state, h, mode)
-            G_, R = system.group, self.retraction
-            a = jnp.asarray(self.tableau.q.a, state.p.dtype)
-            Xi = h * mm(a, H0)
-            G = jax.vmap(lambda x: R.retract(G_, state.q, x))(Xi)
-            V = jax.vmap(lambda x, y: R.dtau(G_, x) @ y)(Xi, H0)
-            times = state.t + h * jnp.asarray(self.tableau.q.c, state.p.dtype)
-            return (H0, mus0, at_nodes(system, times, lambda sy, x, y: sy.momentum(x, y), G, V))
-        extra = ("velocities" if mode == "nonholonomic" and not system.quadratic_in_velocity
-                 else "")
-        return predict(self.tableau, state, h, mode, extra)
+        extra = ""
+        if mode == "nonholonomic":
+            extra = ("momenta" if self.form == "hamiltonian" else
+                     "" if system.quadratic_in_velocity else "velocities")
+        return predict(self.tableau, state, h, mode, extra, system=system, group=system.group,
+                       retraction=self.retraction)
 
     def step(self, system, state: GroupPRKState, h: ScalarLike, u=None
              ) -> tuple[GroupPRKState, SolverStats]:
