@@ -150,7 +150,7 @@ STEP_CONFIGS = {
     "dg_avf_fp": ("AVF(12)-R, FixedPoint, QR frame", lambda: DG.avf(
         solver=vj.solvers.FixedPoint(rtol=DG_TOL, atol=DG_TOL))),
     "dg_gonzalez_full": ("Gonzalez-F, Newton [default]", DG.gonzalez_full),
-    "lob3": ("NonholonomicVPRK.lobatto(3), Newton [default]", METHODS["lob3"][1]),
+    "lob3": ("NonholonomicVPRK.lobatto(3), fixed point [default]", METHODS["lob3"][1]),
     "lob3_sn": ("NonholonomicVPRK.lobatto(3), SimplifiedNewton", lambda: vj.NonholonomicVPRK.lobatto(
         3, solver=vj.solvers.SimplifiedNewton())),
 }

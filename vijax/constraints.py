@@ -107,13 +107,13 @@ class _ConstrainedFixedPoint(AbstractFixedPoint):
         return {"cpu": 0, "gpu": FixedPoint()._default_min_steps()["gpu"]}
 
 
-def default_solver() -> AbstractFixedPoint:
+def default_solver(kappa: float = 0.1) -> AbstractFixedPoint:
     """The stage solver of :class:`vijax.HolonomicVPRK` and :class:`vijax.GalerkinVI` unless
     one is given: a fixed point preconditioned by :func:`saddle_point_inverse`, stopping at a
     tenth of the tolerance (``kappa=0.1``: after a fast transient the observed contraction
     rate underestimates the slowest mode's), its straight-line start chosen per backend when
-    the step is compiled."""
-    return _ConstrainedFixedPoint(kappa=0.1)
+    the step is compiled.  The nonholonomic PRK methods use it with ``kappa=0.01``."""
+    return _ConstrainedFixedPoint(kappa=kappa)
 
 
 def saddle_point_inverse(system: HolonomicSystem, q: Vector, v: Vector, K, B, C, G_cols,

@@ -54,14 +54,17 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PyTree
 
+from .. import constraints as cons
 from .. import tableaus as tb
-from .._linalg import mm
+from .._linalg import factor, mm
 from ..lie import AbstractLieGroup, AbstractRetraction, Exp, Rn
 from ..quadrature import lagrange_extrapolation_matrix
+from ..solvers import Newton
 from ._base import AbstractState
 
 __all__ = ["PRKState", "StepOutput", "stage_equations", "extrapolation", "predict", "at_nodes",
-           "vector_space", "initial_state", "next_state"]
+           "vector_space", "initial_state", "next_state", "nonholonomic_precond",
+           "nonholonomic_solver"]
 
 MODES = ("free", "holonomic", "nonholonomic")
 
@@ -218,6 +221,88 @@ def stage_equations(pair: tb.PartitionedTableau, group: AbstractLieGroup,
         momentum = system.at(state.t + h).momentum(g1, extra) - mu1
         return (res, rows, momentum, tangency), StepOutput(g1, mu1, extra, F)
     return res, StepOutput(g1, mu1, None, F)
+
+
+def nonholonomic_precond(pair: tb.PartitionedTableau, group: AbstractLieGroup,
+                         retraction: AbstractRetraction, system, state, h, H0,
+                         with_velocities: bool):
+    """Approximate inverse Jacobian of the nonholonomic stage equations (Lagrangian form) for
+    a preconditioned fixed point, at the predicted stages ``G^i = g_k τ(h Σ_j a_ij H0^j)``,
+    ``V^i ≈ H0^i``: the velocity Hessians ``M_i``, the constraint matrices ``A_i = D2φ``
+    and the (left-trivialised) configuration derivatives ``B_i = D1φ`` there.  Dropped: the
+    stage forces' dependence on ``H`` and the retraction's tangent maps (terms of order
+    ``h`` in the stage rows), and the change of these matrices between predictor and
+    solution.
+
+    With ``μ_j = h Λ^j`` (``j >= 2``) that Jacobian is
+
+        ∂(stage row i) = M_i dH_i - Σ_{j>=2} â_ij A_jᵀ dμ_j,
+        ∂(φ row i)     = h Σ_k a_ik B_i dH_k + Σ_{j>=2} a_ij A_i M_i^{-1} A_jᵀ dμ_j  (i >= 2),
+
+    and with the stage velocities ``w_i = η^i`` as unknowns (``with_velocities``: a
+    Lagrangian not quadratic in the velocities) the rows ``φ(G^i, w_i)`` and
+    ``D2ℓ(G^i, w_i) - μ^i`` become ``h Σ_k a_ik B_i dH_k + A_i dw_i`` and
+    ``M_i dw_i - Σ_j a_ij A_jᵀ dμ_j``.  Eliminating ``dH`` (and ``dw``) leaves one
+    ``(s - 1) m``-square system for ``dμ``, with blocks
+    ``K_ij = a_ij A_i M_i^{-1} A_jᵀ + h Σ_k a_ik â_kj B_i M_k^{-1} A_jᵀ`` and right-hand side
+    ``r_φ,i - A_i M_i^{-1} r_w,i - h Σ_k a_ik B_i M_k^{-1} r_H,k``, factorised once per step."""
+    dtype = state.p.dtype
+    a_np = np.asarray(pair.q.a)
+    a = jnp.asarray(a_np, dtype)
+    a1 = jnp.asarray(a_np[1:, :], dtype)                            # (s-1, s)
+    a2 = jnp.asarray(a_np[1:, 1:], dtype)                           # (s-1, s-1)
+    ahat = jnp.asarray(np.asarray(pair.p.a)[:, 1:], dtype)        # (s, s-1)
+    g = state.q
+    times = state.t + h * jnp.asarray(np.asarray(pair.q.c), dtype)
+    G = jax.vmap(lambda x: retraction.retract(group, g, x))(h * mm(a, H0))
+
+    def matrices(sy, x, v):
+        B = jax.jacfwd(lambda z: sy.nonholonomic(group.compose(x, group.exp(z)), v))(
+            jnp.zeros_like(v))
+        return sy.inverse_velocity_hessian(x, v), sy.constraint_matrix(x, v), B
+
+    minv, A, B = at_nodes(system, times, matrices, G, H0)          # (s,d,d), (s,m,d), (s,m,d)
+    A2, B2 = A[1:], B[1:]
+    am = jnp.einsum("iad,ied->iae", A, minv)                        # A_i M_i^{-1}
+    ma = jnp.einsum("kde,jbe->kjdb", minv, A[1:])                   # M_k^{-1} A_jᵀ
+    n, m = a2.shape[0], A.shape[1]
+    K = (a2[:, None, :, None] * jnp.einsum("iad,jbd->iajb", am[1:], A2)
+         + h * jnp.einsum("ik,kj,iad,kjdb->iajb", a1, ahat[:, :], B2, ma))
+    solve_k = factor(K.reshape(n * m, n * m))
+
+    def precond(r):
+        res, phi = r[0], r[1]
+        mres = jnp.einsum("kde,ke->kd", minv, res)                 # M_k^{-1} r_k
+        rhs = phi - h * jnp.einsum("iad,id->ia", B2, mm(a1, mres))
+        if with_velocities:
+            rhs = rhs - jnp.einsum("iad,id->ia", am[1:], r[2])
+        Y = solve_k(rhs.reshape(-1)).reshape(n, m)
+        cf = jnp.einsum("jad,ja->jd", A2, Y)                        # A_jᵀ dμ_j
+        dH = mres + jnp.einsum("kde,ke->kd", minv, mm(ahat, cf))
+        if not with_velocities:
+            return dH, Y, None
+        return dH, Y, jnp.einsum("ide,ie->id", minv[1:], r[2] + mm(a2, cf))
+
+    return precond
+
+
+def nonholonomic_solver(solver, pair: tb.PartitionedTableau, form: str, group, retraction,
+                        system, state, h, H0):
+    """The solver of a nonholonomic step and its preconditioner: ``solver`` as given (with
+    the preconditioner of :func:`nonholonomic_precond` in the Lagrangian form, used by the
+    fixed-point solvers), by default the constrained methods' fixed point
+    (:func:`vijax.constraints.default_solver`) stopping at a hundredth of the tolerance in
+    the Lagrangian form, and :class:`Newton` in the Hamiltonian form (whose stage rows
+    depend on the stage velocities only at order ``h``, which that preconditioner does not
+    capture).  (``kappa=0.01``: the constraint rows are part of the solve, and with the
+    constrained methods' ``0.1`` the rotating pendulum-driven CVT ends steps with
+    ``|Φ| = 2.9e-13`` over T = 1000, against 3.9e-14 at 0.01 for 0.4 more iterations per
+    step and 1.2e-14 with Newton.)"""
+    if form == "hamiltonian":
+        return (Newton() if solver is None else solver), None
+    precond = nonholonomic_precond(pair, group, retraction, system, state, h, H0,
+                                   not system.quadratic_in_velocity)
+    return (cons.default_solver(kappa=0.01) if solver is None else solver), precond
 
 
 def extrapolation(pair: tb.PartitionedTableau, dtype, constant: bool = False):

@@ -39,11 +39,11 @@ from .. import constraints as cons
 from .. import tableaus as tb
 from .._checks import is_traced
 from .._typing import ScalarLike, Vector
-from ..solvers import AbstractRootSolver, Newton, SolverStats
+from ..solvers import AbstractRootSolver, SolverStats
 from ..systems import ForcedSystem, LagrangianSystem, NonholonomicSystem, TimeDependentSystem
 from ._base import AbstractIntegrator
-from ._prk_core import (PRKState, at_nodes, initial_state, next_state, predict, stage_equations,
-                        vector_space)
+from ._prk_core import (PRKState, at_nodes, initial_state, next_state, nonholonomic_solver,
+                        predict, stage_equations, vector_space)
 from .vprk import VPRK, AbstractPRK
 
 __all__ = ["NonholonomicVPRK", "NonholonomicState"]
@@ -106,8 +106,12 @@ class NonholonomicVPRK(AbstractPRK):
 
     Per step the unknowns are the stage velocities ``V^1..V^s``, the impulses
     ``h Λ^2..h Λ^s`` (scaled so that the Newton matrix stays conditioned as ``h -> 0``) and,
-    for non-quadratic Lagrangians, ``v^2..v^s``; the default solver is full
-    :class:`~vijax.solvers.Newton`.
+    for non-quadratic Lagrangians, ``v^2..v^s``.  The default solver is a fixed point
+    (:func:`vijax.constraints.default_solver`) preconditioned by the approximate Jacobian
+    built from the velocity Hessian and the constraint matrix ``D2Φ`` at the step start
+    (block triangular, exact up to ``O(h)``; one ``m × m`` factorisation per step); in the
+    Hamiltonian form it is full :class:`~vijax.solvers.Newton`.  Pass
+    ``solver=vj.solvers.Newton()`` for stiff problems.
 
     ``form="hamiltonian"`` solves the Hamiltonian form of the same method (their eq. (15),
     Appendix E) in the unknowns ``V^i``, ``P^i`` and ``h Λ^2..h Λ^s``, with every derivative
@@ -119,7 +123,7 @@ class NonholonomicVPRK(AbstractPRK):
     """
 
     tableau: tb.PartitionedTableau
-    solver: AbstractRootSolver
+    solver: AbstractRootSolver | None
     form: str = eqx.field(static=True)
 
     symplectic = False
@@ -134,7 +138,7 @@ class NonholonomicVPRK(AbstractPRK):
             raise ValueError(f"NonholonomicVPRK: form={form!r}; use 'lagrangian' (eq. (14)) or "
                              f"'hamiltonian' (eq. (15)).")
         self.tableau = pair
-        self.solver = Newton() if solver is None else solver
+        self.solver = solver
         self.form = form
 
     @classmethod
@@ -205,9 +209,12 @@ class NonholonomicVPRK(AbstractPRK):
     def step(self, system: LagrangianSystem, state: NonholonomicState, h: ScalarLike, u=None
              ) -> tuple[NonholonomicState, SolverStats]:
         force = self._force(system, state, h, u)
-        X, out, stats = self.solver.solve(
-            lambda X: self.stage_equations(system, state, h, X, force),
-            self._predictor(system, state, h), has_aux=True)
+        X0 = self._predictor(system, state, h)
+        solver, precond = nonholonomic_solver(self.solver, self.tableau, self.form,
+                                              *vector_space(state.q), system, state, h, X0[0])
+        X, out, stats = solver.solve(
+            lambda X: self.stage_equations(system, state, h, X, force), X0, precond,
+            has_aux=True)
         return next_state(state, "nonholonomic", X, out, h), stats
 
     def stage_values(self, system: LagrangianSystem, prev: NonholonomicState,

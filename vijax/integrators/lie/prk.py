@@ -51,7 +51,7 @@ from ...solvers import AbstractRootSolver, FixedPoint, Newton, SolverStats
 from ...systems import (ForcedSystem, HolonomicSystem, LieGroupSystem, NonholonomicSystem,
                         TimeDependentSystem)
 from .._base import AbstractIntegrator, IncompatibleSystemError, accepting
-from .._prk_core import (PRKState, initial_state, next_state, predict,
+from .._prk_core import (PRKState, initial_state, next_state, nonholonomic_solver, predict,
                          stage_equations)
 from ..nonholonomic import _FORMS
 from ..nonholonomic import _check_hypotheses as _check_nonholonomic_hypotheses
@@ -83,7 +83,9 @@ class GroupVPRK(TableauPresets, PRKTraits, AbstractIntegrator):
         :class:`vijax.lie.Exp` (default, every group) or :class:`vijax.lie.Cayley`.
     solver:
         Default: :class:`~vijax.solvers.FixedPoint` preconditioned by the inverse velocity
-        Hessian for unconstrained systems, :class:`~vijax.solvers.Newton` with constraints.
+        Hessian for unconstrained systems; with nonholonomic constraints (Lagrangian form) the
+        preconditioned fixed point of :class:`vijax.NonholonomicVPRK`; otherwise (holonomic
+        constraints, the Hamiltonian form) :class:`~vijax.solvers.Newton`.
     form:
         ``"lagrangian"`` (default) or ``"hamiltonian"``: for a nonholonomic system, the
         Hamiltonian form of their App. G (unknowns ``H^i``, the stage momenta and the
@@ -286,10 +288,16 @@ class GroupVPRK(TableauPresets, PRKTraits, AbstractIntegrator):
             X = (H,) + X0[1:]
             v1 = system.at(state.t + h).velocity(out.q, out.p, state.v)
         else:
+            precond = None
+            if mode == "nonholonomic":
+                solver, precond = nonholonomic_solver(
+                    self.solver, self.tableau, self.form, system.group, self.retraction, system,
+                    state, h, X0[0])
             # the node velocity: η^s (nonholonomic) or the unknown ξ_{k+1} (holonomic), from
             # the last residual evaluation
             X, out, stats = solver.solve(
-                lambda X: self.stage_equations(system, state, h, X, force), X0, has_aux=True)
+                lambda X: self.stage_equations(system, state, h, X, force), X0, precond,
+                has_aux=True)
             v1 = None
         return next_state(state, mode, X, out, h, v1), stats
 
