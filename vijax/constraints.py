@@ -112,7 +112,8 @@ def default_solver(kappa: float = 0.1) -> AbstractFixedPoint:
     one is given: a fixed point preconditioned by :func:`saddle_point_inverse`, stopping at a
     tenth of the tolerance (``kappa=0.1``: after a fast transient the observed contraction
     rate underestimates the slowest mode's), its straight-line start chosen per backend when
-    the step is compiled.  The nonholonomic PRK methods use it with ``kappa=0.01``."""
+    the step is compiled.  The nonholonomic PRK methods use it with ``kappa=0.01`` and their
+    own preconditioner (:func:`vijax.integrators._prk_core.nonholonomic_precond`)."""
     return _ConstrainedFixedPoint(kappa=kappa)
 
 

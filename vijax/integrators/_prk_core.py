@@ -256,18 +256,19 @@ def nonholonomic_precond(pair: tb.PartitionedTableau, group: AbstractLieGroup,
     times = state.t + h * jnp.asarray(np.asarray(pair.q.c), dtype)
     G = jax.vmap(lambda x: retraction.retract(group, g, x))(h * mm(a, H0))
 
-    def matrices(sy, x, v):
+    def constraint_matrices(sy, x, v):
         B = jax.jacfwd(lambda z: sy.nonholonomic(group.compose(x, group.exp(z)), v))(
             jnp.zeros_like(v))
-        return sy.inverse_velocity_hessian(x, v), sy.constraint_matrix(x, v), B
+        return sy.constraint_matrix(x, v), B
 
-    minv, A, B = at_nodes(system, times, matrices, G, H0)          # (s,d,d), (s,m,d), (s,m,d)
-    A2, B2 = A[1:], B[1:]
-    am = jnp.einsum("iad,ied->iae", A, minv)                        # A_i M_i^{-1}
-    ma = jnp.einsum("kde,jbe->kjdb", minv, A[1:])                   # M_k^{-1} A_jᵀ
-    n, m = a2.shape[0], A.shape[1]
-    K = (a2[:, None, :, None] * jnp.einsum("iad,jbd->iajb", am[1:], A2)
-         + h * jnp.einsum("ik,kj,iad,kjdb->iajb", a1, ahat[:, :], B2, ma))
+    minv = at_nodes(system, times, lambda sy, x, v: sy.inverse_velocity_hessian(x, v), G, H0)
+    # the constraint rows and impulses are those of stages 2..s only
+    A2, B2 = at_nodes(system, times[1:], constraint_matrices, _rows(G, 1), H0[1:])
+    am = jnp.einsum("iad,ied->iae", A2, minv[1:])                   # A_i M_i^{-1}    (s-1,m,d)
+    ma = jnp.einsum("kde,jbe->kjdb", minv, A2)                      # M_k^{-1} A_jᵀ
+    n, m = A2.shape[0], A2.shape[1]
+    K = (a2[:, None, :, None] * jnp.einsum("iad,jbd->iajb", am, A2)
+         + h * jnp.einsum("ik,kj,iad,kjdb->iajb", a1, ahat, B2, ma))
     solve_k = factor(K.reshape(n * m, n * m))
 
     def precond(r):
@@ -275,7 +276,7 @@ def nonholonomic_precond(pair: tb.PartitionedTableau, group: AbstractLieGroup,
         mres = jnp.einsum("kde,ke->kd", minv, res)                 # M_k^{-1} r_k
         rhs = phi - h * jnp.einsum("iad,id->ia", B2, mm(a1, mres))
         if with_velocities:
-            rhs = rhs - jnp.einsum("iad,id->ia", am[1:], r[2])
+            rhs = rhs - jnp.einsum("iad,id->ia", am, r[2])
         Y = solve_k(rhs.reshape(-1)).reshape(n, m)
         cf = jnp.einsum("jad,ja->jd", A2, Y)                        # A_jᵀ dμ_j
         dH = mres + jnp.einsum("kde,ke->kd", minv, mm(ahat, cf))

@@ -107,11 +107,13 @@ class NonholonomicVPRK(AbstractPRK):
     Per step the unknowns are the stage velocities ``V^1..V^s``, the impulses
     ``h Λ^2..h Λ^s`` (scaled so that the Newton matrix stays conditioned as ``h -> 0``) and,
     for non-quadratic Lagrangians, ``v^2..v^s``.  The default solver is a fixed point
-    (:func:`vijax.constraints.default_solver`) preconditioned by the approximate Jacobian
-    built from the velocity Hessian and the constraint matrix ``D2Φ`` at the step start
-    (block triangular, exact up to ``O(h)``; one ``m × m`` factorisation per step); in the
-    Hamiltonian form it is full :class:`~vijax.solvers.Newton`.  Pass
-    ``solver=vj.solvers.Newton()`` for stiff problems.
+    (:func:`vijax.constraints.default_solver`, ``kappa=0.01``) preconditioned by the
+    approximate Jacobian built from the velocity Hessians, the constraint matrices ``D2Φ``
+    and their configuration derivatives ``D1Φ`` at the predicted stages (exact up to
+    ``O(h)``; one ``(s - 1) m``-square factorisation per step,
+    :func:`~vijax.integrators._prk_core.nonholonomic_precond`); in the Hamiltonian form it is
+    full :class:`~vijax.solvers.Newton`.  Pass ``solver=vj.solvers.Newton()`` for stiff
+    problems.
 
     ``form="hamiltonian"`` solves the Hamiltonian form of the same method (their eq. (15),
     Appendix E) in the unknowns ``V^i``, ``P^i`` and ``h Λ^2..h Λ^s``, with every derivative

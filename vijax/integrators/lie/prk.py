@@ -204,6 +204,8 @@ class GroupVPRK(TableauPresets, PRKTraits, AbstractIntegrator):
         return "free"
 
     def _solver(self, system) -> AbstractRootSolver:
+        """The solver of an unconstrained or holonomic step (a nonholonomic step's comes with
+        its preconditioner from :func:`~vijax.integrators._prk_core.nonholonomic_solver`)."""
         if self.solver is not None:
             return self.solver
         return FixedPoint() if self._mode(system) == "free" else Newton()
@@ -274,7 +276,12 @@ class GroupVPRK(TableauPresets, PRKTraits, AbstractIntegrator):
         mode = self._mode(system)
         force = self._force(system, state, h, u)
         X0 = self._predictor(system, state, h, mode)
-        solver = self._solver(system)
+        if mode == "nonholonomic":
+            solver, precond = nonholonomic_solver(self.solver, self.tableau, self.form,
+                                                  system.group, self.retraction, system, state,
+                                                  h, X0[0])
+        else:
+            solver, precond = self._solver(system), None
         if mode == "free":
             minv = system.at(state.t).inverse_velocity_hessian(state.q, state.v)
 
@@ -288,11 +295,6 @@ class GroupVPRK(TableauPresets, PRKTraits, AbstractIntegrator):
             X = (H,) + X0[1:]
             v1 = system.at(state.t + h).velocity(out.q, out.p, state.v)
         else:
-            precond = None
-            if mode == "nonholonomic":
-                solver, precond = nonholonomic_solver(
-                    self.solver, self.tableau, self.form, system.group, self.retraction, system,
-                    state, h, X0[0])
             # the node velocity: η^s (nonholonomic) or the unknown ξ_{k+1} (holonomic), from
             # the last residual evaluation
             X, out, stats = solver.solve(
