@@ -7,9 +7,14 @@ once cost the vector-space presets nothing: it times the same runs on two source
 working tree and a git revision (``--before``, default the commit before the shared core),
 in one invocation, alternating the trees between repeats so that machine noise hits both
 alike.  Each run is a jitted ``vj.simulate`` call (compile excluded, best of ``--repeats``).
+It also records what a change costs or saves at compile time: the first call of that jitted
+run (trace and compilation), and the trace and the compilation of the gradient program of a
+20-step run (``jax.jit(jax.grad(...))`` with respect to ``v0``), the program an optimal-control
+or fitting loop compiles.
 
     python benchmarks/prk_core.py                 # writes results/prk_core.json and a summary
     python benchmarks/prk_core.py --before HEAD~3 --repeats 7
+    python benchmarks/prk_core.py --before fa3b272 --out trace_once.json   # any baseline
 
 Each tree is imported in its own subprocess (``PYTHONPATH``), so one process never mixes the
 two versions.
@@ -101,7 +106,13 @@ best = float("inf")
 for _ in range(case["inner"]):
     t = time.perf_counter(); out = run(q0, v0); jax.block_until_ready(out)
     best = min(best, time.perf_counter() - t)
+# the gradient program of a short run (20 steps): trace and lowering, then XLA's compilation
+loss = lambda q0, v0: jnp.sum(vj.simulate(system, integ, q0=q0, v0=v0, dt=dt, n_steps=20).q[-1])
+t = time.perf_counter(); lowered = jax.jit(jax.grad(loss, argnums=1)).lower(q0, v0)
+grad_trace_s = time.perf_counter() - t
+t = time.perf_counter(); lowered.compile(); grad_compile_s = time.perf_counter() - t
 print(json.dumps({"us_per_step": 1e6 * best / n, "compile_s": compile_s,
+                  "grad_trace_s": grad_trace_s, "grad_compile_s": grad_compile_s,
                   "iterations": float(jnp.sum(out.stats.iterations)) / n,
                   "vijax": vj.__file__}))
 """
@@ -125,6 +136,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="subprocess pairs per case")
     ap.add_argument("--inner", type=int, default=3, help="timed calls per subprocess")
     ap.add_argument("--only", default="", help="substring filter on the case names")
+    ap.add_argument("--out", default="prk_core.json", help="file name in benchmarks/results/")
     args = ap.parse_args(argv)
     sha = subprocess.run(["git", "rev-parse", "--short", args.before], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout.strip()
@@ -151,11 +163,18 @@ def main(argv=None) -> int:
                 row = {"case": name, "before_us": b, "after_us": a, "ratio": a / b,
                        "before_compile_s": min(x["compile_s"] for x in got["before"]),
                        "after_compile_s": min(x["compile_s"] for x in got["after"]),
+                       "before_grad_trace_s": min(x["grad_trace_s"] for x in got["before"]),
+                       "after_grad_trace_s": min(x["grad_trace_s"] for x in got["after"]),
+                       "before_grad_compile_s": min(x["grad_compile_s"] for x in got["before"]),
+                       "after_grad_compile_s": min(x["grad_compile_s"] for x in got["after"]),
                        "before_iterations": got["before"][0]["iterations"],
                        "after_iterations": got["after"][0]["iterations"]}
                 rows.append(row)
                 print(f"{name:72s} before {b:8.2f} us  after {a:8.2f} us  ratio {a / b:5.2f}"
                       f"  (compile {row['before_compile_s']:.1f} -> {row['after_compile_s']:.1f} s;"
+                      f" gradient trace {row['before_grad_trace_s']:.1f} -> "
+                      f"{row['after_grad_trace_s']:.1f} s, compile {row['before_grad_compile_s']:.1f}"
+                      f" -> {row['after_grad_compile_s']:.1f} s;"
                       f" iterations {row['before_iterations']} -> {row['after_iterations']})",
                       flush=True)
         finally:
@@ -165,8 +184,8 @@ def main(argv=None) -> int:
     out = {"before": sha, "after": head + ("+working tree" if dirty else ""),
            "repeats": args.repeats, "inner": args.inner, "date": time.strftime("%Y-%m-%d"),
            "rows": rows}
-    (RESULTS / "prk_core.json").write_text(json.dumps(out, indent=1))
-    print(f"wrote {RESULTS / 'prk_core.json'}")
+    (RESULTS / args.out).write_text(json.dumps(out, indent=1))
+    print(f"wrote {RESULTS / args.out}")
     return 0
 
 

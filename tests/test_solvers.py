@@ -357,6 +357,34 @@ def test_coupled_root_jacobian(kind):
     np.testing.assert_allclose(jac_unrolled, jac_rev, rtol=1e-8, atol=1e-10)
 
 
+@pytest.mark.parametrize("kind", GRAD_SOLVERS)
+def test_the_residual_is_traced_once_per_solve(kind):
+    """However many times a solve evaluates its residual (unrolled updates, the loop body,
+    the value after the loop, the Jacobians of the derivative rules), the Python function is
+    traced once: what a method's stage equations cost to trace is paid once per step.
+    The derivatives through the traced residual are those of the closed-form root."""
+    calls = []
+    da = jnp.array([1.0, 0.5, -2.0])
+
+    def residual(a):
+        def f(x):
+            calls.append(None)
+            return x**3 - a
+        return f
+
+    def root(a):
+        x0 = jnp.ones_like(a)
+        x, _ = run(ALL_SOLVERS[kind], residual(a), x0, cubic_precond(x0))
+        return x
+
+    grad, (x, tangent) = jax.jit(lambda a: (jax.grad(lambda b: jnp.sum(root(b)))(a),
+                                            jax.jvp(root, (a,), (da,))))(A)
+    assert len(calls) == 2  # once under grad, once under jvp
+    np.testing.assert_allclose(x, ROOT, rtol=1e-14)
+    np.testing.assert_allclose(grad, 1.0 / (3.0 * ROOT**2), rtol=1e-12)
+    np.testing.assert_allclose(tangent, da / (3.0 * ROOT**2), rtol=1e-12)
+
+
 def test_gradient_through_a_closure_parameter_of_the_residual():
     """The residual closes over a scalar; jax.grad w.r.t. it is the IFT derivative."""
     def root(c):
