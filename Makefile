@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 JOBS   ?= 2
 
-.PHONY: install demo test test-all orders bench clean
+.PHONY: install demo test test-extended test-all orders bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,7 +27,14 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(JOBS) -q || $(BIN)/python -m pytest -q --last-failed --last-failed-no-failures none
 
-## Everything, including the long verification runs marked `slow`.
+## Everything the default suite leaves out: the tests marked `extended` (further presets of the
+## code paths it checks, further problems for the same property, example scripts end to end; see
+## tests/conftest.py) and the long verification runs marked `slow`.  CI runs it after `make test`,
+## so every test runs on every change.  Same retry as `make test`.
+test-extended: $(STAMP)
+	$(BIN)/python -m pytest -n $(JOBS) -q -m "extended or slow" || $(BIN)/python -m pytest -q -m "extended or slow" --last-failed --last-failed-no-failures none
+
+## Everything: the default suite and the extended one in one run.
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -n $(JOBS) -q -m ""
 

@@ -61,3 +61,85 @@ def _fast_compilation(request):
         yield
     finally:
         jax.config.update("jax_disable_most_optimizations", before)
+
+
+# --------------------------------------------------------------------------------------------
+# The extended tier
+# --------------------------------------------------------------------------------------------
+# ``make test`` (the default suite) runs in under ten minutes on two cores; ``make
+# test-extended`` runs the tests below with those marked ``slow``, and CI runs both on every
+# change.  What moves here is a
+# repeat of a check the default suite makes on a representative: another preset of a code path
+# the default suite covers, another problem for the same property, or an example script run
+# end to end.  Each entry names where the default suite covers the property.  (The contract
+# test marks its own cases: tests/test_contract.py.)  An entry that matches no test of a
+# collected module is an error, so the table cannot go stale silently.
+EXTENDED = {
+    # adjoints
+    "test_adjoints.py::test_reverse_mode_memory_against_the_step_count":
+        "memory at several step counts; the adjoints' gradients agree in the default suite",
+    "test_adjoints.py::test_adjoints_give_the_same_gradient[HolonomicVPRK.rattle()]":
+        "same adjoint code as the VPRK case",
+    # Lie-group PRK
+    "test_group_prk.py::test_quadrotor_hovers_and_keeps_its_energy_balance":
+        "forcing on a group: test_body_torques_keep_the_order_and_the_energy_balance",
+    "test_group_prk.py::test_gradient_wrt_initial_velocity_and_inertia_matches_central_diff":
+        "GroupVPRK gradients (initial data and a system parameter) in the contract test",
+    "test_group_prk.py::test_ensembles_of_group_elements":
+        "GroupVPRK under vmap in the contract test",
+    "test_group_prk.py::test_unicycle_orders_and_prototype_errors[4]": "s = 2, 3 stay",
+    "test_group_prk.py::test_on_rn_it_is_the_nonholonomic_vprk[4]": "s = 2, 3 stay",
+    # T*G methods
+    "test_tstar.py::test_symplectic_in_canonical_exponential_coordinates[VRKMK.gauss2]":
+        "VCG.triple_jump stays; every VRKMK preset's symplecticity in the contract test",
+    "test_tstar.py::test_one_step_regression[VRKMK.gauss3]": "the other presets stay",
+    "test_tstar.py::test_one_step_regression[VCG.yoshida6]": "the other presets stay",
+    # long runs and example scripts
+    "test_cvt_energy.py::test_cvt_long_run_example_quick": "example script",
+    "test_cvt_energy.py::test_chaotic_energy_error_is_a_random_walk":
+        "statistics of a 10^4-step ensemble; bounded energy errors stay",
+    "test_example_fitting.py::test_fit_parameters_quick":
+        "example script; gradients for fitting: test_gradients.py",
+    "test_control.py::test_gradient_matches_central_differences_multiple_shooting_constrained":
+        "single shooting stays; constrained gradients in the contract test",
+    "test_control.py::test_cartpole_swing_up_quick":
+        "example script; test_small_swing_up_reaches_the_target stays",
+    "test_muehlebach2016.py::test_table_ii": "their orders and §6.1, §6.3 stay",
+    # further presets of a checked code path
+    "test_gradients.py::test_gradient_matches_finite_differences[double_pendulum-gauss2]":
+        "Kepler stays; every family's gradients in the contract test",
+    "test_dense.py::test_dense_output_passes_through_the_nodes_and_ignores_save_every"
+    "[DGVI(1)-Pendulum]": "DGVI(1) on the Cartesian pendulum stays",
+    "test_dense.py::test_dense_output_passes_through_the_nodes_and_ignores_save_every"
+    "[GalerkinVI.gauss(1)-Pendulum]": "GalerkinVI.gauss(1) on the Cartesian pendulum stays",
+    "test_galerkin.py::test_table_orders[G-s4-": "s = 1..3 stay",
+    "test_galerkin.py::test_table_orders[L-s4-": "s = 1..3 stay",
+    "test_holonomic.py::test_constrained_lobatto_orders[4-spring]": "s = 2, 3 stay",
+    "test_holonomic.py::test_constrained_lobatto_orders[5-spring]": "s = 2, 3 stay",
+    "test_vprk_numerics.py::test_energy_bounded_without_drift_kepler[gauss4]": "s <= 3 stay",
+    "test_vprk_numerics.py::test_energy_bounded_without_drift_kepler[lobatto4]": "s <= 3 stay",
+    "test_vprk_numerics.py::test_energy_bounded_without_drift_kepler[lobatto5]": "s <= 3 stay",
+    "test_vprk_numerics.py::test_time_reversible[gauss4]": "s <= 3 stay",
+    "test_vprk_numerics.py::test_time_reversible[lobatto4]": "s <= 3 stay",
+    "test_vprk_numerics.py::test_time_reversible[lobatto5]": "s <= 3 stay",
+}
+for _tableau in ("midpoint", "stormer_verlet", "gauss3", "gauss4", "lobatto3", "lobatto4",
+                 "lobatto5"):
+    EXTENDED[f"test_vprk_numerics.py::test_symplecticity_defect[{_tableau}-double_pendulum]"] = (
+        "every tableau on Kepler and Gauss(2) on the double pendulum stay")
+
+
+def pytest_collection_modifyitems(config, items):
+    collected, used = set(), set()
+    for item in items:
+        name = item.nodeid.rsplit("/", 1)[-1]
+        collected.add(name.split("::")[0])
+        for key in EXTENDED:
+            if name.startswith(key):
+                item.add_marker(pytest.mark.extended)
+                used.add(key)
+    stale = [key for key in EXTENDED if key.split("::")[0] in collected and key not in used]
+    whole_modules = not any("::" in arg for arg in config.args)
+    if stale and whole_modules and not config.getoption("keyword"):
+        raise pytest.UsageError("tests/conftest.py EXTENDED names tests that do not exist: "
+                                + ", ".join(stale))

@@ -12,9 +12,10 @@ accepts two runs its first preset on both.  The clauses:
 * ``jax.jit(simulate)`` equals eager ``simulate`` (the first preset of each code path, below);
 * ``jax.vmap`` over three initial conditions equals a Python loop (the first preset of each
   family, on each problem it accepts: batching is family code);
-* forward mode equals reverse mode (``jax.jvp`` against ``jax.grad`` of a scalar loss of the
-  final state with respect to initial data and a system parameter), and that gradient
-  against central differences: the first preset of each code path on each problem.  A code
+* the gradient (``jax.grad`` of a scalar loss of the final state with respect to initial data
+  and a system parameter) against central differences, and forward mode against it
+  (``jax.jvp``: :func:`test_forward_mode_equals_reverse_mode`, a test of its own), on the
+  first preset of each code path on each problem.  A code
   path is a family with its named options and solver type (:func:`_variant`: the discrete
   gradient, the formulation, the quadrature family, the mode); presets of one path differ
   only in numbers (stages, coefficients), which reach the compiled programs as constants,
@@ -25,6 +26,11 @@ accepts two runs its first preset on both.  The clauses:
   constrained problem), for every method whose trait says so; a damped method is caught;
 * a system the method cannot take raises :class:`vijax.IncompatibleSystemError` naming a
   method that accepts it.
+
+The default suite runs the first preset of each family on every problem it accepts (every
+clause); the other presets and code paths of a family are marked ``extended``: ``make
+test-extended`` runs them, and CI runs it after the default suite, so every preset is still
+checked on every change.
 
 Cost is compilation (every run takes milliseconds), so each case is one test whose clauses
 share its compilations: the eager run (one compilation of ``simulate``'s scan, reused by the
@@ -193,23 +199,23 @@ class Jitted(NamedTuple):
     sol: vj.Solution
     loss: jax.Array
     grad: jax.Array
-    along: jax.Array        # forward-mode derivative along DIRECTION
 
 
 DIRECTION = (0.3, -0.7, 0.5)
 
 
+def _loss_and_sol(problem, integ, x):
+    sol = _run(problem, integ, x)
+    return _loss(problem, sol.q[-1], sol.p[-1]), sol
+
+
 def _jitted_program(problem, integ):
-    """The case's jitted program: ``x -> (Solution, loss, grad, derivative along d)``."""
+    """The case's jitted program: ``x -> (Solution, loss, grad)``."""
 
-    def loss_and_sol(x):
-        sol = _run(problem, integ, x)
-        return _loss(problem, sol.q[-1], sol.p[-1]), sol
-
-    def program(x, d):
-        (value, sol), grad = jax.value_and_grad(loss_and_sol, has_aux=True)(x)
-        _, along = jax.jvp(lambda y: loss_and_sol(y)[0], (x,), (d,))
-        return Jitted(sol, value, grad, along)
+    def program(x):
+        (value, sol), grad = jax.value_and_grad(
+            lambda y: _loss_and_sol(problem, integ, y), has_aux=True)(x)
+        return Jitted(sol, value, grad)
 
     return jax.jit(program)
 
@@ -234,7 +240,7 @@ class Case:
 
     @functools.cached_property
     def jitted(self) -> Jitted:
-        return _jitted_program(self.problem, self.integ)(self.x, jnp.asarray(DIRECTION))
+        return _jitted_program(self.problem, self.integ)(self.x)
 
 
 def _assert_same_solution(a, b, what):
@@ -332,16 +338,14 @@ def check_jit_equals_eager(case):
     _assert_same_solution(case.jitted.sol, case.sol, "jax.jit(simulate) != simulate")
 
 
-def check_forward_mode_equals_reverse_mode(case):
-    """jax.jvp along d equals jax.grad . d (both through the implicit function theorem)."""
+def check_loss_and_gradient_of_the_jitted_program(case):
+    """The jitted program's loss is the eager run's; its gradient is finite and not zero."""
     if not case.new_variant:
         return
     out = case.jitted
     grad = np.asarray(out.grad)
     assert np.all(np.isfinite(grad)) and np.max(np.abs(grad)) > 1e-2
     np.testing.assert_allclose(float(out.loss), _eager_loss(case.problem, case.sol), rtol=1e-12)
-    np.testing.assert_allclose(float(out.along), grad @ np.asarray(DIRECTION), rtol=1e-12,
-                               atol=1e-12 * np.max(np.abs(grad)))
 
 
 def check_gradient_against_central_differences(case):
@@ -406,13 +410,22 @@ def check_float32_run_stays_float32(case):
 
 
 CLAUSES = (check_solution_shapes_and_dtypes, check_jit_equals_eager,
-           check_forward_mode_equals_reverse_mode, check_gradient_against_central_differences,
+           check_loss_and_gradient_of_the_jitted_program,
+           check_gradient_against_central_differences,
            check_vmap_equals_python_loop, check_one_step_is_symplectic,
            check_float32_run_stays_float32)
 
 
-@pytest.mark.parametrize("call, integ, problem, first, new_variant", CASES,
-                         ids=[f"{c}-{p.name}" for c, _, p, *_ in CASES])
+def _params(cases):
+    """The cases as pytest parameters: the first preset of each family (on every problem it
+    accepts) in the default suite, the other presets and code paths marked ``extended``
+    (``make test-extended``, which CI runs after the default suite)."""
+    return [pytest.param(*case, id=f"{case[0]}-{case[2].name}",
+                         marks=() if case[3] else pytest.mark.extended)
+            for case in cases]
+
+
+@pytest.mark.parametrize("call, integ, problem, first, new_variant", _params(CASES))
 def test_contract(call, integ, problem, first, new_variant):
     """Every clause on one case; all failing clauses are reported, by name.  One test per case
     keeps its compilations in one process (pytest-xdist distributes tests, not fixtures)."""
@@ -426,6 +439,26 @@ def test_contract(call, integ, problem, first, new_variant):
             failures.append(f"[{name}] {type(err).__name__}: {err}")
     if failures:
         pytest.fail(f"{call} on the {problem.name}:\n" + "\n".join(failures), pytrace=False)
+
+
+FORWARD_CASES = [case for case in CASES if case[4]]
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("call, integ, problem, first, new_variant", _params(FORWARD_CASES))
+def test_forward_mode_equals_reverse_mode(call, integ, problem, first, new_variant):
+    """``jax.jvp`` along a direction equals ``jax.grad`` dotted with it, to 1e-12 (both through
+    the implicit function theorem), on the first preset of each code path.  The extended tier
+    only: compiling the forward-mode program costs as much as the reverse-mode one, and the
+    default suite already checks forward mode on every family (``test_forced_contract``: the
+    derivative along a direction against central differences)."""
+    case = Case(call, integ, problem, first, new_variant)
+    d = jnp.asarray(DIRECTION)
+    _, along = jax.jit(lambda x: jax.jvp(
+        lambda y: _loss_and_sol(problem, integ, y)[0], (x,), (d,)))(case.x)
+    grad = np.asarray(case.jitted.grad)
+    np.testing.assert_allclose(float(along), grad @ np.asarray(DIRECTION), rtol=1e-12,
+                               atol=1e-12 * np.max(np.abs(grad)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -480,8 +513,7 @@ def _forced_run(problem, integ, x, c, U):
                        save_every=SAVE_EVERY, controls=U)
 
 
-@pytest.mark.parametrize("call, integ, problem, first", FORCED_CASES,
-                         ids=[f"{c}-{p.name}" for c, _, p, _ in FORCED_CASES])
+@pytest.mark.parametrize("call, integ, problem, first", _params(FORCED_CASES))
 def test_forced_contract(call, integ, problem, first):
     """Every preset with a :class:`vijax.ForcedSystem` (damping, an explicit time dependence
     and stage controls, one per force node): the run converges and stays finite; damping
