@@ -30,8 +30,7 @@ import jax.numpy as jnp
 
 from ._base import AbstractCayleyGroup, AbstractMatrixLieGroup
 from ._se2 import rigid_distance
-from ._so3 import (_NTERMS, SO3, coefficients, project_rotation, series_where_many, sin3,
-                   skew, unskew)
+from ._so3 import _NTERMS, SO3, cos2, project_rotation, series_where, sin3, skew, unskew
 
 __all__ = ["SE3"]
 
@@ -48,28 +47,18 @@ _C_Q2 = tuple((-1) ** j / math.factorial(2 * j + 4) for j in range(_NTERMS))
 _C_Q3 = tuple((-1) ** j * (j + 1) / math.factorial(2 * j + 5) for j in range(_NTERMS))
 
 
-def _q2_exact(s):
-    return (s - 4.0 * jnp.sin(0.5 * jnp.sqrt(s)) ** 2) / (2.0 * s * s)
-
-
-def _q3_exact(s):
-    t = jnp.sqrt(s)
-    return (2.0 * t - 3.0 * jnp.sin(t) + t * jnp.cos(t)) / (2.0 * s * s * t)
-
-
-def _q23(s):
-    """:func:`_q2` and :func:`_q3` at one ``s``, their Taylor branches evaluated together."""
-    return series_where_many(s, ((_q2_exact, _C_Q2), (_q3_exact, _C_Q3)), _SMALL_Q)
-
-
 def _q2(s):
     """``(θ² + 2 cos θ - 2)/(2θ⁴)`` as a function of ``s = θ²``."""
-    return _q23(s)[0]
+    return series_where(s, lambda s: (s - 4.0 * jnp.sin(0.5 * jnp.sqrt(s)) ** 2) / (2.0 * s * s),
+                        _C_Q2, _SMALL_Q)
 
 
 def _q3(s):
     """``(2θ - 3 sin θ + θ cos θ)/(2θ⁵)`` as a function of ``s = θ²``."""
-    return _q23(s)[1]
+    def exact(s):
+        t = jnp.sqrt(s)
+        return (2.0 * t - 3.0 * jnp.sin(t) + t * jnp.cos(t)) / (2.0 * s * s * t)
+    return series_where(s, exact, _C_Q3, _SMALL_Q)
 
 
 def _homogeneous(R, t):
@@ -91,10 +80,9 @@ def _left_jacobian_q(v, w, s, c3):
     W, V = skew(w), skew(v)
     WV, VW = W @ V, V @ W
     WVW = WV @ W
-    q2, q3 = _q23(s)
     return (-0.5 * V + c3 * (WV + VW - WVW)
-            - q2 * (W @ WV + VW @ W - 3.0 * WVW)
-            + q3 * (WVW @ W + W @ WVW))
+            - _q2(s) * (W @ WV + VW @ W - 3.0 * WVW)
+            + _q3(s) * (WVW @ W + W @ WVW))
 
 
 class SE3(AbstractMatrixLieGroup, AbstractCayleyGroup):
@@ -152,8 +140,8 @@ class SE3(AbstractMatrixLieGroup, AbstractCayleyGroup):
     def dexp(self, xi):
         v, w = xi[:3], xi[3:]
         s = jnp.dot(w, w)
-        b, c3 = coefficients(s, "cos2", "sin3")
-        J = jnp.eye(3, dtype=xi.dtype) - b * skew(w) + c3 * (jnp.outer(w, w)
+        c3 = sin3(s)
+        J = jnp.eye(3, dtype=xi.dtype) - cos2(s) * skew(w) + c3 * (jnp.outer(w, w)
                                                                    - s * jnp.eye(3, dtype=xi.dtype))
         return _blocks(J, _left_jacobian_q(v, w, s, c3), J)
 

@@ -20,10 +20,7 @@ first and second derivatives (``jax.jacfwd`` of ``jax.jacfwd``, ``jax.vjp`` insi
 ``jax.jacfwd``) are then finite at ``ξ = 0``; the two branches agree to round-off at the
 switch (twelve terms leave a truncation error below ``1e-17`` at ``θ² = 1``, and there the
 closed forms lose at most ``~1e-15`` to cancellation in their values and ``~1e-11`` (relative)
-in their second derivatives in ``θ²``).  A closed form that needs several coefficients at one
-``θ²`` (``exp``: two; ``dexp`` of SE(2): three) evaluates their polynomials in one Horner
-recurrence over stacked coefficients (:func:`coefficients`): the same values, and a smaller
-program to compile once the derivatives of every Newton Jacobian and gradient are taken.
+in their second derivatives in ``θ²``).
 
 ``log`` goes through the unit quaternion (Shepperd's branch choice, then
 ``θ = 2 atan2(|q_v|, w)`` with ``w >= 0``): accurate for all angles, finite and continuous up
@@ -36,7 +33,6 @@ import math
 from fractions import Fraction
 
 import jax.numpy as jnp
-import numpy as np
 
 from ._base import AbstractCayleyGroup, AbstractMatrixLieGroup
 
@@ -61,27 +57,9 @@ def series_where(s, exact, coeffs, threshold=_SMALL):
     The "double where": ``exact`` sees ``s = 1`` on the Taylor side, so neither branch
     produces a NaN or an infinity that would leak into derivatives through ``jnp.where``.
     """
-    return series_where_many(s, ((exact, coeffs),), threshold)[0]
-
-
-def series_where_many(s, pairs, threshold=_SMALL):
-    """:func:`series_where` for several ``(exact, coeffs)`` pairs at one ``s``: the Taylor
-    polynomials are evaluated together, one Horner recurrence over the stacked coefficients
-    (values identical to separate evaluations, elementwise the same operations), so a closed
-    form that needs two or three coefficient functions costs the compiled program one
-    polynomial, not two or three; it is differentiated again and again (Newton Jacobians,
-    gradients), which made these polynomials a third of a Lie-group method's gradient
-    program."""
     small = s < threshold
     s_safe = jnp.where(small, jnp.ones_like(s), s)
-    # constants (numpy, in the working dtype) and one broadcast, so that each Horner step is
-    # one multiply and one add on the stacked values
-    rows = np.asarray([coeffs for _, coeffs in pairs], dtype=jnp.result_type(s)).T  # (n, m)
-    x = jnp.broadcast_to(s[..., None], s.shape + rows.shape[1:])
-    out = rows[-1] * jnp.ones_like(x)
-    for k in range(rows.shape[0] - 2, -1, -1):
-        out = out * x + rows[k]
-    return tuple(jnp.where(small, out[..., i], exact(s_safe)) for i, (exact, _) in enumerate(pairs))
+    return jnp.where(small, _poly(s, coeffs), exact(s_safe))
 
 
 def _bernoulli(n):
@@ -103,83 +81,46 @@ _C_DEXPINV = tuple(float(abs(_B[2 * k + 2]) / math.factorial(2 * k + 2)) for k i
 _C_HALFCOT = (1.0,) + tuple(-c for c in _C_DEXPINV[:-1])
 
 
-def _sinc_exact(s):
-    return jnp.sin(jnp.sqrt(s)) / jnp.sqrt(s)
-
-
-def _cos2_exact(s):
-    return 2.0 * jnp.sin(0.5 * jnp.sqrt(s)) ** 2 / s
-
-
-def _sin3_exact(s):
-    t = jnp.sqrt(s)
-    return (t - jnp.sin(t)) / (s * t)
-
-
-def _dexpinv_exact(s):
-    h = 0.5 * jnp.sqrt(s)
-    return 1.0 / s - jnp.cos(h) / (4.0 * h * jnp.sin(h))
-
-
-def _halfcot_exact(s):
-    h = 0.5 * jnp.sqrt(s)
-    return h * jnp.cos(h) / jnp.sin(h)
-
-
-#: The coefficient functions of the closed forms, as (closed form, Taylor coefficients in s).
-_SERIES = {
-    "sinc": (_sinc_exact, _C_SINC),
-    "cos2": (_cos2_exact, _C_COS2),
-    "sin3": (_sin3_exact, _C_SIN3),
-    "dexpinv": (_dexpinv_exact, _C_DEXPINV),
-    "halfcot": (_halfcot_exact, _C_HALFCOT),
-}
-
-
-def coefficients(s, *names):
-    """The named coefficient functions (``"sinc"``, ``"cos2"``, ``"sin3"``, ``"dexpinv"``,
-    ``"halfcot"``: the functions below) at ``s = θ²``, their Taylor branches evaluated
-    together (:func:`series_where_many`)."""
-    return series_where_many(s, tuple(_SERIES[name] for name in names))
-
-
 def sinc(s):
     """``sin θ / θ`` as a function of ``s = θ²``."""
-    return coefficients(s, "sinc")[0]
+    return series_where(s, lambda s: jnp.sin(jnp.sqrt(s)) / jnp.sqrt(s), _C_SINC)
 
 
 def cos2(s):
     """``(1 - cos θ)/θ²`` as a function of ``s = θ²`` (written ``2 sin²(θ/2)/θ²``)."""
-    return coefficients(s, "cos2")[0]
+    return series_where(s, lambda s: 2.0 * jnp.sin(0.5 * jnp.sqrt(s)) ** 2 / s, _C_COS2)
 
 
 def sin3(s):
     """``(θ - sin θ)/θ³`` as a function of ``s = θ²``."""
-    return coefficients(s, "sin3")[0]
+    def exact(s):
+        t = jnp.sqrt(s)
+        return (t - jnp.sin(t)) / (s * t)
+    return series_where(s, exact, _C_SIN3)
 
 
 def dexpinv_coeff(s):
     """``1/θ² - (1 + cos θ)/(2 θ sin θ)`` as a function of ``s = θ²`` (finite up to
     ``θ = 2π``, exclusive)."""
-    return coefficients(s, "dexpinv")[0]
+    def exact(s):
+        h = 0.5 * jnp.sqrt(s)
+        return 1.0 / s - jnp.cos(h) / (4.0 * h * jnp.sin(h))
+    return series_where(s, exact, _C_DEXPINV)
 
 
 def halfcot(s):
     """``(θ/2) cot(θ/2)`` as a function of ``s = θ²``."""
-    return coefficients(s, "halfcot")[0]
-
-
-#: ``hat(ξ)_ij = -ε_ijk ξ_k`` (the Levi-Civita symbol, negated): ``hat`` is one contraction
-#: with a constant (one operation in the compiled program, and one for each derivative, where
-#: nine scalar entries cost a dozen), exact (each entry is ``±ξ_k`` plus zeros).
-_HAT = -np.array([[[0, 0, 0], [0, 0, 1], [0, -1, 0]],
-                  [[0, 0, -1], [0, 0, 0], [1, 0, 0]],
-                  [[0, 1, 0], [-1, 0, 0], [0, 0, 0]]], dtype=float)
+    def exact(s):
+        h = 0.5 * jnp.sqrt(s)
+        return h * jnp.cos(h) / jnp.sin(h)
+    return series_where(s, exact, _C_HALFCOT)
 
 
 def skew(xi):
     """The cross-product matrix ``hat(ξ)`` (``hat(ξ) η = ξ × η``)."""
-    return jnp.asarray(_HAT, xi.dtype) @ xi
+    x, y, z = xi[0], xi[1], xi[2]
+    o = jnp.zeros_like(x)
+    return jnp.stack([jnp.stack([o, -z, y]), jnp.stack([z, o, -x]), jnp.stack([-y, x, o])])
 
 
 def unskew(X):
@@ -241,8 +182,7 @@ class SO3(AbstractMatrixLieGroup, AbstractCayleyGroup):
 
     def exp(self, xi):
         s = jnp.dot(xi, xi)
-        a, b = coefficients(s, "sinc", "cos2")
-        return jnp.eye(3, dtype=xi.dtype) + a * skew(xi) + b * _skew_sq(xi, s)
+        return (jnp.eye(3, dtype=xi.dtype) + sinc(s) * skew(xi) + cos2(s) * _skew_sq(xi, s))
 
     def log(self, g):
         q = self.as_quaternion(g)
@@ -267,8 +207,7 @@ class SO3(AbstractMatrixLieGroup, AbstractCayleyGroup):
 
     def dexp(self, xi):
         s = jnp.dot(xi, xi)
-        b, c = coefficients(s, "cos2", "sin3")
-        return jnp.eye(3, dtype=xi.dtype) - b * skew(xi) + c * _skew_sq(xi, s)
+        return (jnp.eye(3, dtype=xi.dtype) - cos2(s) * skew(xi) + sin3(s) * _skew_sq(xi, s))
 
     def dexp_inv(self, xi):
         s = jnp.dot(xi, xi)
