@@ -7,6 +7,9 @@ JOBS   ?= 2
 
 .PHONY: install demo test test-extended test-all orders bench clean
 
+# pytest on $(JOBS) workers with the arguments $(1); the tests that failed run once more, alone.
+pytest_with_retry = $(BIN)/python -m pytest -n $(JOBS) -q $(1) || $(BIN)/python -m pytest -q $(1) --last-failed --last-failed-no-failures none
+
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
@@ -25,14 +28,14 @@ demo: $(STAMP)
 ## executable serialisation and in the compiler; see tests/conftest.py), which kills the worker and
 ## fails the test it was running.  A real failure fails again and the target fails.
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(JOBS) -q || $(BIN)/python -m pytest -q --last-failed --last-failed-no-failures none
+	$(call pytest_with_retry,)
 
 ## Everything the default suite leaves out: the tests marked `extended` (further presets of the
 ## code paths it checks, further problems for the same property, example scripts end to end; see
 ## tests/conftest.py) and the long verification runs marked `slow`.  CI runs it after `make test`,
 ## so every test runs on every change.  Same retry as `make test`.
 test-extended: $(STAMP)
-	$(BIN)/python -m pytest -n $(JOBS) -q -m "extended or slow" || $(BIN)/python -m pytest -q -m "extended or slow" --last-failed --last-failed-no-failures none
+	$(call pytest_with_retry,-m "extended or slow")
 
 ## Everything: the default suite and the extended one in one run.
 test-all: $(STAMP)

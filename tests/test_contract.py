@@ -416,12 +416,12 @@ CLAUSES = (check_solution_shapes_and_dtypes, check_jit_equals_eager,
            check_float32_run_stays_float32)
 
 
-def _params(cases):
-    """The cases as pytest parameters: the first preset of each family (on every problem it
-    accepts) in the default suite, the other presets and code paths marked ``extended``
-    (``make test-extended``, which CI runs after the default suite)."""
+def _params(cases, in_default=lambda case: case[3]):
+    """The cases as pytest parameters: those ``in_default`` keeps (by default the first preset
+    of each family, on every problem it accepts) in the default suite, the others marked
+    ``extended`` (``make test-extended``, which CI runs after the default suite)."""
     return [pytest.param(*case, id=f"{case[0]}-{case[2].name}",
-                         marks=() if case[3] else pytest.mark.extended)
+                         marks=() if in_default(case) else pytest.mark.extended)
             for case in cases]
 
 
@@ -444,8 +444,8 @@ def test_contract(call, integ, problem, first, new_variant):
 FORWARD_CASES = [case for case in CASES if case[4]]
 
 
-@pytest.mark.extended
-@pytest.mark.parametrize("call, integ, problem, first, new_variant", _params(FORWARD_CASES))
+@pytest.mark.parametrize("call, integ, problem, first, new_variant",
+                         _params(FORWARD_CASES, in_default=lambda case: False))
 def test_forward_mode_equals_reverse_mode(call, integ, problem, first, new_variant):
     """``jax.jvp`` along a direction equals ``jax.grad`` dotted with it, to 1e-12 (both through
     the implicit function theorem), on the first preset of each code path.  The extended tier
