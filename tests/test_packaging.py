@@ -87,3 +87,19 @@ def test_no_concrete_class_is_subclassed_in_the_package():
     offenders = [(base.__qualname__, sub.__qualname__) for base in modules for sub in modules
                  if sub is not base and issubclass(sub, base) and not abstract(base)]
     assert offenders == [], offenders
+
+
+def test_the_retry_of_make_test_collects_the_failed_tests(tmp_path):
+    """`make test` re-runs the tests that failed with `--last-failed`, which collects only those
+    tests of a module; the check that keeps tests/conftest.py's EXTENDED table fresh must not read
+    the missing ones as stale entries (it did, and the retry stopped with a usage error)."""
+    failed = "tests/test_tstar.py::test_order_bounds_of_the_cutoff[r0]"
+    cache = tmp_path / "v" / "cache"
+    cache.mkdir(parents=True)
+    (cache / "lastfailed").write_text('{"%s": true}' % failed)
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                          "-o", f"cache_dir={tmp_path}", "--last-failed",
+                          "--last-failed-no-failures", "none"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert failed in out.stdout
