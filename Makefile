@@ -23,10 +23,10 @@ demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
 ## The default suite (float64, CPU), on $(JOBS) workers.  A test that fails is run once more,
-## alone in a fresh process: XLA has segfaulted in long-lived workers (twelve times in nine full
-## runs, six different tests, each passing on its own; tracebacks in the compilation cache's
-## executable serialisation and in the compiler; see tests/conftest.py), which kills the worker and
-## fails the test it was running.  A real failure fails again and the target fails.
+## alone in a fresh process, as a safety net: XLA segfaulted in long-lived workers that had
+## compiled so many programs that their memory mappings reached the kernel's limit (fixed in
+## tests/conftest.py, which drops JAX's caches before that).  A real failure fails again and the
+## target fails.
 test: $(STAMP)
 	$(call pytest_with_retry,)
 

@@ -21,6 +21,7 @@ floating point without fast-math).  The VPRK order and energy modules
 keep the optimised programs users run.
 """
 
+import gc
 import os
 
 import jax
@@ -28,16 +29,9 @@ import pytest
 
 jax.config.update("jax_enable_x64", True)
 
-# Persistent compilation cache: off by default, on with VIJAX_TEST_JAX_CACHE=<folder>.
-#
-# Long-lived pytest-xdist workers segfault in XLA now and then (twelve times in nine full
-# runs; each crashed test passes on its own, and `make test` re-runs it alone).  With the
-# cache on (eight runs), three of the five tracebacks were in its executable serialisation
-# (compilation_cache.put_executable_and_time -> executable.serialize()); with it off (the run
-# of 2026-11-25, 1374 s) both crashes were in the compiler itself (backend_compile_and_load),
-# in tests/test_galerkin.py and tests/test_gradients.py.  So the cache is not the only cause;
-# it stays off because CI starts from a cold cache anyway (it only ever saved the compilations
-# the two workers share, about 10 % of tests/test_holonomic.py).
+# Persistent compilation cache: off by default, on with VIJAX_TEST_JAX_CACHE=<folder>.  It
+# stays off because CI starts from a cold cache anyway (it only ever saved the compilations the
+# two workers share, about 10 % of tests/test_holonomic.py).
 _CACHE = os.environ.get("VIJAX_TEST_JAX_CACHE", "")
 if _CACHE:
     try:
@@ -48,6 +42,36 @@ if _CACHE:
         pass
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+# Long-lived workers segfaulted in XLA's compiler late in full runs (two or three times per run
+# of the default suite, each crashed test passing on its own).  The cause: every compiled
+# program keeps its machine code in memory mappings of its own, and JAX's caches keep every
+# program compiled in the process, so a worker's mapping count grows without bound (measured:
+# 31 000 after tests/test_contract.py and tests/test_tstar.py in one process) until it reaches
+# the kernel's limit (vm.max_map_count, 65 530 by default) and the compiler's next mapping
+# fails.  So a worker whose count passes half the limit drops JAX's caches (measured: 23 400
+# mappings -> 1 000); the tests that follow recompile what they need.
+def _map_count_limit() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read()) // 2
+    except (OSError, ValueError):  # not Linux: no such limit to keep under
+        return 0
+
+
+_MAP_LIMIT = _map_count_limit()
+
+
+def _map_count() -> int:
+    with open(f"/proc/{os.getpid()}/maps", "rb") as f:
+        return sum(1 for _ in f)
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if _MAP_LIMIT and _map_count() > _MAP_LIMIT:
+        jax.clear_caches()
+        gc.collect()
 
 
 @pytest.fixture(autouse=True)
