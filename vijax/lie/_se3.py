@@ -30,7 +30,8 @@ import jax.numpy as jnp
 
 from ._base import AbstractCayleyGroup, AbstractMatrixLieGroup
 from ._se2 import rigid_distance
-from ._so3 import _NTERMS, SO3, cos2, project_rotation, series_where, sin3, skew, unskew
+from ._so3 import (_NTERMS, SO3, SeriesFunction, cos2, project_rotation, sin3, skew,
+                   unskew)
 
 __all__ = ["SE3"]
 
@@ -47,18 +48,18 @@ _C_Q2 = tuple((-1) ** j / math.factorial(2 * j + 4) for j in range(_NTERMS))
 _C_Q3 = tuple((-1) ** j * (j + 1) / math.factorial(2 * j + 5) for j in range(_NTERMS))
 
 
-def _q2(s):
-    """``(θ² + 2 cos θ - 2)/(2θ⁴)`` as a function of ``s = θ²``."""
-    return series_where(s, lambda s: (s - 4.0 * jnp.sin(0.5 * jnp.sqrt(s)) ** 2) / (2.0 * s * s),
-                        _C_Q2, _SMALL_Q)
+#: ``(θ² + 2 cos θ - 2)/(2θ⁴)`` as a function of ``s = θ²``.
+_q2 = SeriesFunction(_C_Q2, lambda s: (s - 4.0 * jnp.sin(0.5 * jnp.sqrt(s)) ** 2) / (2.0 * s * s),
+                     _SMALL_Q)
 
 
-def _q3(s):
-    """``(2θ - 3 sin θ + θ cos θ)/(2θ⁵)`` as a function of ``s = θ²``."""
-    def exact(s):
-        t = jnp.sqrt(s)
-        return (2.0 * t - 3.0 * jnp.sin(t) + t * jnp.cos(t)) / (2.0 * s * s * t)
-    return series_where(s, exact, _C_Q3, _SMALL_Q)
+def _q3_exact(s):
+    t = jnp.sqrt(s)
+    return (2.0 * t - 3.0 * jnp.sin(t) + t * jnp.cos(t)) / (2.0 * s * s * t)
+
+
+#: ``(2θ - 3 sin θ + θ cos θ)/(2θ⁵)`` as a function of ``s = θ²``.
+_q3 = SeriesFunction(_C_Q3, _q3_exact, _SMALL_Q)
 
 
 def _homogeneous(R, t):

@@ -15,7 +15,8 @@ Iserles, Munthe-Kaas, Nørsett & Zanna (2000); the Cayley map after Kobilarov & 
 
 Every coefficient is a function of ``θ²`` evaluated with the "double where" device (as jaxlie
 does for its Taylor branches): below ``θ² = 1`` a twelve-term Taylor polynomial in ``θ²``,
-above it the closed form evaluated at a ``θ²`` that the ``where`` keeps away from 0.  Values,
+above it the closed form evaluated at a ``θ²`` that the ``where`` keeps away from 0, and every
+derivative of a coefficient is built the same way (:class:`SeriesFunction`).  Values,
 first and second derivatives (``jax.jacfwd`` of ``jax.jacfwd``, ``jax.vjp`` inside
 ``jax.jacfwd``) are then finite at ``ξ = 0``; the two branches agree to round-off at the
 switch (twelve terms leave a truncation error below ``1e-17`` at ``θ² = 1``, and there the
@@ -32,6 +33,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+import jax
 import jax.numpy as jnp
 
 from ._base import AbstractCayleyGroup, AbstractMatrixLieGroup
@@ -62,6 +64,47 @@ def series_where(s, exact, coeffs, threshold=_SMALL):
     return jnp.where(small, _poly(s, coeffs), exact(s_safe))
 
 
+class SeriesFunction:
+    """A coefficient function ``f(s)``: :func:`series_where` of its Taylor coefficients in ``s``
+    and its closed form, with derivatives given by the same device (a :func:`jax.custom_jvp`):
+    ``f'`` is the :class:`SeriesFunction` of the differentiated polynomial and the
+    differentiated closed form, so a derivative program evaluates one polynomial per derivative
+    instead of differentiating the Horner recurrence and both branches of the ``where`` (the
+    same values: the derivative of the truncated polynomial is the truncated derivative; a
+    smaller program, which the Lie-group integrators' Newton Jacobians and gradients
+    differentiate up to three times)."""
+
+    def __init__(self, coeffs, exact, threshold=_SMALL):
+        self.coeffs = tuple(coeffs) or (0.0,)
+        self.exact, self.threshold = exact, threshold
+        self._derivative = None
+        f = jax.custom_jvp(self._value)
+        f.defjvp(self._jvp)
+        self._f = f
+
+    def _value(self, s):
+        return series_where(s, self.exact, self.coeffs, self.threshold)
+
+    @property
+    def derivative(self) -> "SeriesFunction":
+        if self._derivative is None:
+            exact = self.exact
+
+            def d_exact(s):
+                return jax.jvp(exact, (s,), (jnp.ones_like(s),))[1]
+
+            self._derivative = SeriesFunction(
+                [k * c for k, c in enumerate(self.coeffs)][1:], d_exact, self.threshold)
+        return self._derivative
+
+    def _jvp(self, primals, tangents):
+        (s,), (ds,) = primals, tangents
+        return self._f(s), self.derivative(s) * ds
+
+    def __call__(self, s):
+        return self._f(s)
+
+
 def _bernoulli(n):
     """``B_0 .. B_n`` (``B_1 = -1/2``) as exact fractions."""
     B = [Fraction(1)]
@@ -81,39 +124,40 @@ _C_DEXPINV = tuple(float(abs(_B[2 * k + 2]) / math.factorial(2 * k + 2)) for k i
 _C_HALFCOT = (1.0,) + tuple(-c for c in _C_DEXPINV[:-1])
 
 
-def sinc(s):
-    """``sin θ / θ`` as a function of ``s = θ²``."""
-    return series_where(s, lambda s: jnp.sin(jnp.sqrt(s)) / jnp.sqrt(s), _C_SINC)
+#: ``sin θ / θ`` as a function of ``s = θ²``.
+sinc = SeriesFunction(_C_SINC, lambda s: jnp.sin(jnp.sqrt(s)) / jnp.sqrt(s))
 
 
-def cos2(s):
-    """``(1 - cos θ)/θ²`` as a function of ``s = θ²`` (written ``2 sin²(θ/2)/θ²``)."""
-    return series_where(s, lambda s: 2.0 * jnp.sin(0.5 * jnp.sqrt(s)) ** 2 / s, _C_COS2)
+#: ``(1 - cos θ)/θ²`` as a function of ``s = θ²`` (written ``2 sin²(θ/2)/θ²``).
+cos2 = SeriesFunction(_C_COS2, lambda s: 2.0 * jnp.sin(0.5 * jnp.sqrt(s)) ** 2 / s)
 
 
-def sin3(s):
-    """``(θ - sin θ)/θ³`` as a function of ``s = θ²``."""
-    def exact(s):
-        t = jnp.sqrt(s)
-        return (t - jnp.sin(t)) / (s * t)
-    return series_where(s, exact, _C_SIN3)
+def _sin3(s):
+    t = jnp.sqrt(s)
+    return (t - jnp.sin(t)) / (s * t)
 
 
-def dexpinv_coeff(s):
-    """``1/θ² - (1 + cos θ)/(2 θ sin θ)`` as a function of ``s = θ²`` (finite up to
-    ``θ = 2π``, exclusive)."""
-    def exact(s):
-        h = 0.5 * jnp.sqrt(s)
-        return 1.0 / s - jnp.cos(h) / (4.0 * h * jnp.sin(h))
-    return series_where(s, exact, _C_DEXPINV)
+#: ``(θ - sin θ)/θ³`` as a function of ``s = θ²``.
+sin3 = SeriesFunction(_C_SIN3, _sin3)
 
 
-def halfcot(s):
-    """``(θ/2) cot(θ/2)`` as a function of ``s = θ²``."""
-    def exact(s):
-        h = 0.5 * jnp.sqrt(s)
-        return h * jnp.cos(h) / jnp.sin(h)
-    return series_where(s, exact, _C_HALFCOT)
+def _dexpinv_coeff(s):
+    h = 0.5 * jnp.sqrt(s)
+    return 1.0 / s - jnp.cos(h) / (4.0 * h * jnp.sin(h))
+
+
+#: ``1/θ² - (1 + cos θ)/(2 θ sin θ)`` as a function of ``s = θ²`` (finite up to ``θ = 2π``,
+#: exclusive).
+dexpinv_coeff = SeriesFunction(_C_DEXPINV, _dexpinv_coeff)
+
+
+def _halfcot(s):
+    h = 0.5 * jnp.sqrt(s)
+    return h * jnp.cos(h) / jnp.sin(h)
+
+
+#: ``(θ/2) cot(θ/2)`` as a function of ``s = θ²``.
+halfcot = SeriesFunction(_C_HALFCOT, _halfcot)
 
 
 def skew(xi):
