@@ -25,6 +25,9 @@ from helpers import SpringPendulum
 
 import vijax as vj
 
+# XLA optimisation passes off (tests/conftest.py): compiling is this module's cost
+pytestmark = pytest.mark.fast_compile
+
 # --------------------------------------------------------------------------------------------
 # The vector-space systems as Lie-group systems on R^n
 # --------------------------------------------------------------------------------------------
@@ -585,10 +588,14 @@ def test_symmetry_trait_matches_the_step():
     top = vj.systems.HeavyTop(gravity=1.0)
     g0 = vj.lie.SO3().exp(jnp.array([0.5, 0.1, 0.0]))
     xi0 = jnp.array([0.3, -0.2, 2.0])
-    for integ in (vj.GroupVPRK.midpoint(), vj.GroupVPRK.gauss(2, retraction=vj.lie.Cayley())):
+    @eqx.filter_jit
+    def there_and_back(integ):   # one compilation per method, not an eager solve op by op
         st = integ.init(top, 0.0, g0, xi0)
         there, _ = integ.step(top, st, 0.1)
-        back, _ = integ.step(top, there, -0.1)
+        return integ.step(top, there, -0.1)[0]
+
+    for integ in (vj.GroupVPRK.midpoint(), vj.GroupVPRK.gauss(2, retraction=vj.lie.Cayley())):
+        back = there_and_back(integ)
         defect = float(jnp.max(jnp.abs(back.q - g0)))
         assert (defect < 1e-14) == integ.symmetric, (integ.name, defect)
     with pytest.raises(ValueError, match="symmetric"):
