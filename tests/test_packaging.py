@@ -89,17 +89,32 @@ def test_no_concrete_class_is_subclassed_in_the_package():
     assert offenders == [], offenders
 
 
+def _collect(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+def test_every_extended_entry_names_a_test():
+    """tests/conftest.py's EXTENDED table against a full collection of the suite (both tiers):
+    an entry that matches no test is stale (a renamed test or parameter)."""
+    from conftest import stale_extended_entries
+    out = _collect("-m", "")
+    assert out.returncode == 0, out.stdout + out.stderr
+    nodeids = [line for line in out.stdout.splitlines() if "::" in line]
+    assert len(nodeids) > 1000
+    assert stale_extended_entries(nodeids) == []
+    assert stale_extended_entries(nodeids[:10]) != []   # the check can fail
+
+
 def test_the_retry_of_make_test_collects_the_failed_tests(tmp_path):
     """`make test` re-runs the tests that failed with `--last-failed`, which collects only those
-    tests of a module; the check that keeps tests/conftest.py's EXTENDED table fresh must not read
-    the missing ones as stale entries (it did, and the retry stopped with a usage error)."""
+    tests of a module; collection must not fail there (a staleness check of the EXTENDED table
+    that ran at collection read the missing ones as stale and stopped the retry)."""
     failed = "tests/test_tstar.py::test_order_bounds_of_the_cutoff[r0]"
     cache = tmp_path / "v" / "cache"
     cache.mkdir(parents=True)
     (cache / "lastfailed").write_text('{"%s": true}' % failed)
-    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
-                          "-o", f"cache_dir={tmp_path}", "--last-failed",
-                          "--last-failed-no-failures", "none"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    out = _collect("-o", f"cache_dir={tmp_path}", "--last-failed", "--last-failed-no-failures",
+                   "none")
     assert out.returncode == 0, out.stdout + out.stderr
     assert failed in out.stdout
