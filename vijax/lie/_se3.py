@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from ._base import AbstractCayleyGroup, AbstractMatrixLieGroup
 from ._se2 import rigid_distance
-from ._so3 import (_NTERMS, SO3, SeriesFunction, cos2, project_rotation, sin3, skew,
+from ._so3 import (_NTERMS, SO3, SeriesFunction, _skew_sq, cos2, project_rotation, sin3, skew,
                    unskew)
 
 __all__ = ["SE3"]
@@ -142,8 +142,7 @@ class SE3(AbstractMatrixLieGroup, AbstractCayleyGroup):
         v, w = xi[:3], xi[3:]
         s = jnp.dot(w, w)
         c3 = sin3(s)
-        J = jnp.eye(3, dtype=xi.dtype) - cos2(s) * skew(w) + c3 * (jnp.outer(w, w)
-                                                                   - s * jnp.eye(3, dtype=xi.dtype))
+        J = jnp.eye(3, dtype=xi.dtype) - cos2(s) * skew(w) + c3 * _skew_sq(w, s)   # SO(3)'s dexp
         return _blocks(J, _left_jacobian_q(v, w, s, c3), J)
 
     def dexp_inv(self, xi):

@@ -231,7 +231,7 @@ class SO3(AbstractMatrixLieGroup, AbstractCayleyGroup):
 
     def exp(self, xi):
         s = jnp.dot(xi, xi)
-        return (jnp.eye(3, dtype=xi.dtype) + sinc(s) * skew(xi) + cos2(s) * _skew_sq(xi, s))
+        return jnp.eye(3, dtype=xi.dtype) + sinc(s) * skew(xi) + cos2(s) * _skew_sq(xi, s)
 
     def log(self, g):
         q = self.as_quaternion(g)
@@ -256,7 +256,7 @@ class SO3(AbstractMatrixLieGroup, AbstractCayleyGroup):
 
     def dexp(self, xi):
         s = jnp.dot(xi, xi)
-        return (jnp.eye(3, dtype=xi.dtype) - cos2(s) * skew(xi) + sin3(s) * _skew_sq(xi, s))
+        return jnp.eye(3, dtype=xi.dtype) - cos2(s) * skew(xi) + sin3(s) * _skew_sq(xi, s)
 
     def dexp_inv(self, xi):
         s = jnp.dot(xi, xi)
