@@ -317,6 +317,48 @@ def test_free_rigid_body_keeps_its_spatial_momentum(integ):
     assert np.max(np.abs(np.einsum("kji,kjl->kil", R, R) - np.eye(3))) < 1e-13
 
 
+@pytest.mark.parametrize("case", ["heavy_top-gauss2-exp", "heavy_top-lobatto3-cayley",
+                                  "quadrotor-gauss2-exp"])
+def test_free_preconditioner_inverts_the_jacobian_to_second_order(case):
+    """The fixed point's preconditioner on a non-commutative group (the coadjoint terms of
+    the stage equations expanded to first order in h): ``P J - I = O(h²)`` against the
+    Jacobian of the residual by ``jax.jacfwd``, where the inverse velocity Hessian alone
+    leaves ``O(h)``; at h = 0.05 the heavy top's Gauss(2) step then takes about half the
+    updates (measured 4.9 against 9.6)."""
+    name, tableau, retraction = case.split("-")
+    integ = (vj.GroupVPRK.gauss(2) if tableau == "gauss2" else
+             vj.GroupVPRK.lobatto(3, retraction=vj.lie.Cayley()))
+    if name == "heavy_top":
+        system = vj.systems.HeavyTop(inertia=(1.0, 2.0, 3.0))
+        g0 = vj.lie.SO3().exp(jnp.array([0.4, -0.3, 0.2]))
+        xi0 = jnp.array([0.3, -0.8, 1.0])
+    else:
+        system = vj.systems.Quadrotor(inertia=(1.0, 1.5, 2.0))
+        g0 = vj.lie.SE3().exp(jnp.array([0.1, -0.2, 0.3, 0.4, -0.3, 0.2]))
+        xi0 = jnp.array([0.5, -0.2, 0.3, 0.3, -0.8, 1.0])
+    state = integ.init(system, 0.0, g0, xi0)
+    s, n = integ.stages, xi0.shape[0]
+
+    @jax.jit
+    def defects(h):
+        H0 = jnp.broadcast_to(state.v, (s, n))
+        J = jax.jacfwd(lambda H: integ.stage_equations(
+            system, state, h, (H, jnp.zeros((0,)), None))[0])(H0).reshape(s * n, s * n)
+        minv = system.inverse_velocity_hessian(state.q, state.v)
+        P = vj.integrators._prk_core.free_precond(integ.tableau, system.group, minv, state.p,
+                                                  state.v, h)
+        PJ = jax.vmap(lambda col: P(col.reshape(s, n)).reshape(-1), 1, 1)(J)
+        eye = jnp.eye(s * n)
+        return (jnp.max(jnp.abs(PJ - eye)),
+                jnp.max(jnp.abs(jnp.kron(jnp.eye(s), minv) @ J - eye)))
+
+    steps = np.array([0.04, 0.02, 0.01])
+    new, old = np.array([[float(d) for d in defects(h)] for h in steps]).T
+    np.testing.assert_allclose(np.diff(np.log(new)) / np.diff(np.log(steps)), 2, atol=0.15)
+    np.testing.assert_allclose(np.diff(np.log(old)) / np.diff(np.log(steps)), 1, atol=0.15)
+    assert np.all(new < 0.2 * old)
+
+
 @pytest.mark.slow
 def test_heavy_top_orders():
     """Orders 4 (Gauss-2) and 4 (Lobatto-3) on the heavy top against a Gauss-3 reference at

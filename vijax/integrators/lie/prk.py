@@ -44,15 +44,14 @@ import numpy as np
 from ... import constraints as cons
 from ... import tableaus as tb
 from ..._checks import is_traced, refuse
-from ..._linalg import mm
 from ..._typing import ScalarLike, Vector
 from ...lie import AbstractRetraction, Exp
 from ...solvers import AbstractRootSolver, FixedPoint, Newton, SolverStats
 from ...systems import (ForcedSystem, HolonomicSystem, LieGroupSystem, NonholonomicSystem,
                         TimeDependentSystem)
 from .._base import AbstractIntegrator, IncompatibleSystemError, accepting
-from .._prk_core import (PRKState, initial_state, next_state, nonholonomic_solver, predict,
-                         stage_equations)
+from .._prk_core import (PRKState, free_precond, initial_state, next_state, nonholonomic_solver,
+                         predict, stage_equations)
 from ..nonholonomic import _FORMS
 from ..nonholonomic import _check_hypotheses as _check_nonholonomic_hypotheses
 from ..vprk import PRKTraits, TableauPresets, _as_pair
@@ -284,9 +283,7 @@ class GroupVPRK(TableauPresets, PRKTraits, AbstractIntegrator):
             solver, precond = self._solver(system), None
         if mode == "free":
             minv = system.at(state.t).inverse_velocity_hessian(state.q, state.v)
-
-            def precond(r):
-                return mm(r, minv.T)
+            precond = free_precond(self.tableau, system.group, minv, state.p, state.v, h)
 
             def residual(H):
                 return self.stage_equations(system, state, h, (H,) + X0[1:], force)
