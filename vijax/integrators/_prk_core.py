@@ -63,7 +63,9 @@ from ..solvers import Newton
 from ._base import AbstractState
 
 __all__ = ["PRKState", "StepOutput", "stage_equations", "extrapolation", "predict", "at_nodes",
-           "vector_space", "initial_state", "next_state", "free_precond", "nonholonomic_precond",
+           "vector_space", "initial_state", "next_state", "free_precond", "momentum_coupling",
+           "Coupling",
+           "nonholonomic_precond",
            "nonholonomic_solver"]
 
 MODES = ("free", "holonomic", "nonholonomic")
@@ -223,7 +225,48 @@ def stage_equations(pair: tb.PartitionedTableau, group: AbstractLieGroup,
     return res, StepOutput(g1, mu1, None, F)
 
 
-def free_precond(pair: tb.PartitionedTableau, group: AbstractLieGroup, minv, mu, eta, h):
+def _depends_on_first(fn, x, *args) -> bool:
+    """Whether the output of ``fn(x, *args)`` depends on ``x`` through the operations of its
+    program (a walk of its jaxpr, conservative: an operation that reads ``x`` counts as
+    depending on it), decided while tracing."""
+    jaxpr = jax.make_jaxpr(lambda y: fn(y, *args))(x).jaxpr
+    live = set(jaxpr.invars)
+    for eqn in jaxpr.eqns:
+        if any(not isinstance(v, jax.extend.core.Literal) and v in live for v in eqn.invars):
+            live.update(eqn.outvars)
+    return any(not isinstance(v, jax.extend.core.Literal) and v in live for v in jaxpr.outvars)
+
+
+class Coupling(NamedTuple):
+    """The configuration dependence of the momentum at ``(g, v)`` for :func:`free_precond`,
+    each term ``None`` when it vanishes identically: ``N = ∂D2ℓ/∂g`` (left-trivialised;
+    ``∂²L/∂v∂q`` on ``R^n``) and ``Ṁ``, the rate of the velocity Hessian along the motion."""
+
+    N: Optional[Array]
+    Mdot: Optional[Array]
+
+
+def momentum_coupling(system, group: AbstractLieGroup, g, v) -> Optional[Coupling]:
+    """The :class:`Coupling` of ``system`` at ``(g, v)`` (``system.momentum`` differentiated
+    by ``jax.jacfwd``), or ``None`` when the momentum does not depend on the configuration at
+    all.  Whether each term vanishes is decided from the program while tracing, so
+    ``½|v|² - V(q)`` or a rigid body pays nothing, and a magnetic term ``A(q)·v`` only its
+    ``N``."""
+    def momentum(z, y):
+        return system.momentum(group.compose(g, group.exp(z)), y)
+
+    def hessian(z, y):
+        return jax.jacfwd(momentum, argnums=1)(z, y)
+
+    zero = jnp.zeros_like(v)
+    N = jax.jacfwd(momentum)(zero, v) if _depends_on_first(momentum, zero, v) else None
+    Mdot = (jax.jvp(lambda z: hessian(z, v), (zero,), (v,))[1]
+            if _depends_on_first(hessian, zero, v) else None)
+    return None if N is None and Mdot is None else Coupling(N, Mdot)
+
+
+def free_precond(pair: tb.PartitionedTableau, group: AbstractLieGroup, minv, mu, eta, h,
+                 coupling=None):
     """Approximate inverse Jacobian of the unconstrained stage equations, ``r -> P r``.
 
     On a commutative group (``R^n``, SO(2)) with a flat retraction: the inverse velocity
@@ -241,22 +284,35 @@ def free_precond(pair: tb.PartitionedTableau, group: AbstractLieGroup, minv, mu,
         K_ik = -(a_ik + â_ik)/2 Γ_μ + ((b_k - â_ik) - c_i δ_ik)/2 ad_ηᵀ M
                + (a_ik - c_i δ_ik)/2 M ad_η,
 
-    ``Γ_μ δ = ad_δᵀ μ`` (``c_i = Σ_k a_ik``).  ``P`` is that ``sn × sn`` matrix's inverse to
+    ``Γ_μ δ = ad_δᵀ μ`` (``c_i = Σ_k a_ik``).  When the momentum depends on the
+    configuration (a magnetic or Coriolis term, a configuration-dependent mass), ``coupling``
+    (:func:`momentum_coupling`) adds ``a_ik N - â_ik Nᵀ`` (the stage momentum through
+    ``G^i``, the stage force through ``V^i``) and ``c_i δ_ik Ṁ`` (the velocity Hessian at
+    the stage instead of the step start).  ``P`` is that ``sn × sn`` matrix's inverse to
     first order, ``I ⊗ M^{-1} - h (I ⊗ M^{-1}) K (I ⊗ M^{-1})``, built once per step (a test
     checks ``P J - I = O(h²)`` against the Jacobian of the residual by ``jax.jacfwd``).  The forces' dependence on ``H`` (order ``h²`` for forces of
     the configuration) is left out, as on ``R^n``."""
     dtype = mu.dtype
-    if group.commutative:
+    if group.commutative and coupling is None:
         return lambda r: mm(r, minv.T)
     s, n = pair.q.stages, mu.shape[0]
     a, ahat = np.asarray(pair.q.a, float), np.asarray(pair.p.a, float)
     b, c = np.asarray(pair.q.b, float), np.asarray(pair.q.a, float).sum(axis=1)
-    coeff = (-0.5 * (a + ahat), 0.5 * (b[None, :] - ahat - np.diag(c)), 0.5 * (a - np.diag(c)))
-    ad = group.ad(eta)
-    gamma = jax.jacfwd(lambda d: group.ad_star(d, mu))(jnp.zeros_like(eta))
-    # (I ⊗ M + h K)^{-1} = I ⊗ M^{-1} - h (I ⊗ M^{-1}) K (I ⊗ M^{-1}) + O(h²): no inverse
-    # to form, and M itself drops out of the last two blocks
-    blocks = [mm(mm(minv, gamma), minv), mm(minv, ad.T), mm(ad, minv)]
+    coeff, blocks = [], []
+    if not group.commutative:
+        coeff += [-0.5 * (a + ahat), 0.5 * (b[None, :] - ahat - np.diag(c)),
+                  0.5 * (a - np.diag(c))]
+        ad = group.ad(eta)
+        gamma = jax.jacfwd(lambda d: group.ad_star(d, mu))(jnp.zeros_like(eta))
+        # (I ⊗ M + h K)^{-1} = I ⊗ M^{-1} - h (I ⊗ M^{-1}) K (I ⊗ M^{-1}) + O(h²): no
+        # inverse to form, and M itself drops out of the last two blocks
+        blocks += [mm(mm(minv, gamma), minv), mm(minv, ad.T), mm(ad, minv)]
+    if coupling is not None and coupling.N is not None:
+        coeff += [a, -ahat]
+        blocks += [mm(mm(minv, coupling.N), minv), mm(mm(minv, coupling.N.T), minv)]
+    if coupling is not None and coupling.Mdot is not None:
+        coeff += [np.diag(c)]
+        blocks += [mm(mm(minv, coupling.Mdot), minv)]
     P = jnp.kron(jnp.eye(s, dtype=dtype), minv) - h * sum(
         jnp.kron(jnp.asarray(cf, dtype), blk) for cf, blk in zip(coeff, blocks))
     return lambda r: mm(P, r.reshape(-1)).reshape(s, n)

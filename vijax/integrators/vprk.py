@@ -43,7 +43,8 @@ from ..quadrature import (
 from ..solvers import AbstractRootSolver, FixedPoint, SolverStats
 from ..systems import ForcedSystem, LagrangianSystem, MechanicalSystem, TimeDependentSystem
 from ._base import AbstractDenseIntegrator, AbstractIntegrator, AbstractState
-from ._prk_core import at_nodes, extrapolation, stage_equations, vector_space
+from ._prk_core import (at_nodes, extrapolation, free_precond, momentum_coupling,
+                        stage_equations, vector_space)
 
 __all__ = ["AbstractPRK", "VPRK", "VPRKState", "stage_values", "at_nodes"]
 
@@ -317,17 +318,17 @@ class VPRK(TableauPresets, AbstractPRK):
                 # shares (vijax.integrators._prk_core, on the group R^n), preconditioned by
                 # the velocity Hessian at the step start, inverted once per step.
                 V0 = mm(extrap, state.stages)
-                minv = system.at(state.t).inverse_velocity_hessian(q, V0[-1])
+                at_t = system.at(state.t)
+                minv = at_t.inverse_velocity_hessian(q, V0[-1])
                 group, retraction = vector_space(q)
+                precond = free_precond(self.tableau, group, minv, p, V0[-1], h,
+                                       momentum_coupling(at_t, group, q, V0[-1]))
                 none = jnp.zeros((0,), q.dtype)
 
                 def residual(V):
                     res, out = stage_equations(self.tableau, group, retraction, system, "free",
                                                state, h, (V, none, None), force)
                     return res, out.forces
-
-                def precond(r):
-                    return mm(r, minv.T)
 
             # W^i comes from the last residual evaluation (within the tolerance of the
             # root), not from an evaluation after the solve.

@@ -50,8 +50,8 @@ from ...solvers import AbstractRootSolver, FixedPoint, Newton, SolverStats
 from ...systems import (ForcedSystem, HolonomicSystem, LieGroupSystem, NonholonomicSystem,
                         TimeDependentSystem)
 from .._base import AbstractIntegrator, IncompatibleSystemError, accepting
-from .._prk_core import (PRKState, free_precond, initial_state, next_state, nonholonomic_solver,
-                         predict, stage_equations)
+from .._prk_core import (PRKState, free_precond, initial_state, momentum_coupling, next_state,
+                         nonholonomic_solver, predict, stage_equations)
 from ..nonholonomic import _FORMS
 from ..nonholonomic import _check_hypotheses as _check_nonholonomic_hypotheses
 from ..vprk import PRKTraits, TableauPresets, _as_pair
@@ -282,8 +282,10 @@ class GroupVPRK(TableauPresets, PRKTraits, AbstractIntegrator):
         else:
             solver, precond = self._solver(system), None
         if mode == "free":
-            minv = system.at(state.t).inverse_velocity_hessian(state.q, state.v)
-            precond = free_precond(self.tableau, system.group, minv, state.p, state.v, h)
+            at_t = system.at(state.t)
+            minv = at_t.inverse_velocity_hessian(state.q, state.v)
+            precond = free_precond(self.tableau, system.group, minv, state.p, state.v, h,
+                                   momentum_coupling(at_t, system.group, state.q, state.v))
 
             def residual(H):
                 return self.stage_equations(system, state, h, (H,) + X0[1:], force)
