@@ -63,10 +63,8 @@ from ..solvers import Newton
 from ._base import AbstractState
 
 __all__ = ["PRKState", "StepOutput", "stage_equations", "extrapolation", "predict", "at_nodes",
-           "vector_space", "initial_state", "next_state", "free_precond", "momentum_coupling",
-           "Coupling",
-           "nonholonomic_precond",
-           "nonholonomic_solver"]
+           "vector_space", "initial_state", "next_state", "Coupling", "momentum_coupling",
+           "first_order_terms", "free_precond", "nonholonomic_precond", "nonholonomic_solver"]
 
 MODES = ("free", "holonomic", "nonholonomic")
 
@@ -293,33 +291,58 @@ def free_precond(pair: tb.PartitionedTableau, group: AbstractLieGroup, minv, mu,
     built once per step (a test checks ``P J - I = O(h²)`` against the Jacobian of the
     residual by ``jax.jacfwd``).  The forces' dependence on ``H`` (order ``h²`` for forces
     of the configuration) is left out, as on ``R^n``."""
-    if group.commutative and coupling is None:
-        return lambda r: mm(r, minv.T)
-    dtype, (s, n) = mu.dtype, (pair.q.stages, mu.shape[0])
-    P = jnp.kron(jnp.eye(s, dtype=dtype), minv) - h * sum(
-        jnp.kron(jnp.asarray(cf, dtype), blk)
-        for cf, blk in first_order_terms(pair, group, minv, mu, eta, coupling))
-    return lambda r: mm(P, r.reshape(-1)).reshape(s, n)
+    return first_order_inverse(minv[None], first_order_terms(pair, group, minv, mu, eta,
+                                                             coupling), h, pair.q.stages)
 
 
-def _coadjoint_rate(group: AbstractLieGroup, mu):
-    """The matrix of ``δ -> ad_δᵀ μ`` (by ``jax.jacfwd``)."""
-    return jax.jacfwd(lambda d: group.ad_star(d, mu))(jnp.zeros_like(mu))
+def first_order_inverse(minv, terms, h, s: int):
+    """``r -> (blockdiag(M_k^{-1}) - h Σ C ⊗ B) r`` on stage-by-row arrays ``r`` (``s × n``),
+    with ``minv`` the ``M^{-1}`` of each stage (``s × n × n``, or ``1 × n × n`` for one shared
+    by all) and ``terms`` the ``(C, B)`` of :func:`first_order_terms`.  With one shared
+    ``M^{-1}`` it is one ``sn × sn`` matrix built per step (applied term by term,
+    ``(C ⊗ B) r = C r Bᵀ``, a ``vmap``-ed ensemble of the magnetic R^3 system ran at 0.6-0.9x
+    the throughput on CPU); with one per stage it is applied term by term (the block-diagonal
+    ``sn × sn`` matrix made a Lobatto(3) unicycle step 2-3x slower on CPU)."""
+    shared = minv.shape[0] == 1
+    if not terms:   # stage by stage, as without the first-order terms
+        return ((lambda r: mm(r, minv[0].T)) if shared else
+                (lambda r: jnp.einsum("kde,ke->kd", minv, r)))
+    dtype, n = minv.dtype, minv.shape[-1]
+    if shared:
+        P = jnp.kron(jnp.eye(s, dtype=dtype), minv[0]) - h * sum(
+            jnp.kron(jnp.asarray(C, dtype), B) for C, B in terms)
+        return lambda r: mm(P, r.reshape(-1)).reshape(s, n)
+    terms = [(jnp.asarray(C, dtype), B) for C, B in terms]
+
+    def apply(r):
+        out = jnp.einsum("kde,ke->kd", minv, r)
+        for C, B in terms:
+            out = out - h * mm(mm(C, r), B.T)
+        return out
+
+    return apply
+
+
+def _coadjoint(group: AbstractLieGroup, mu, eta):
+    """``(ad_η, Γ_μ)``: the matrices of ``δ -> [η, δ]`` and of ``δ -> ad_δᵀ μ`` (the latter by
+    ``jax.jacfwd``), for the coadjoint terms of the preconditioners."""
+    return group.ad(eta), jax.jacfwd(lambda d: group.ad_star(d, mu))(jnp.zeros_like(mu))
 
 
 def first_order_terms(pair: tb.PartitionedTableau, group: AbstractLieGroup, minv, mu, eta,
-                      coupling=None) -> list:
+                      coupling=None, coadjoint=None) -> list:
     """The terms ``(C, B)`` of ``(I ⊗ M^{-1}) K (I ⊗ M^{-1}) = Σ C ⊗ B`` in
     :func:`free_precond` (``C`` a constant ``s × s`` tableau matrix, ``B`` an ``n × n``
-    matrix of the step); empty on a commutative group without ``coupling``."""
+    matrix of the step); empty on a commutative group without ``coupling``.  ``coadjoint``:
+    :func:`_coadjoint` at ``(μ, η)`` when the caller has it already."""
     a, ahat = np.asarray(pair.q.a, float), np.asarray(pair.p.a, float)
     b, c = np.asarray(pair.q.b, float), np.asarray(pair.q.a, float).sum(axis=1)
     terms = []
     if not group.commutative:
-        ad = group.ad(eta)
+        ad, gamma = _coadjoint(group, mu, eta) if coadjoint is None else coadjoint
         # (I ⊗ M + h K)^{-1} = I ⊗ M^{-1} - h (I ⊗ M^{-1}) K (I ⊗ M^{-1}) + O(h²): no
         # inverse to form, and M itself drops out of the last two blocks
-        terms += [(-0.5 * (a + ahat), mm(mm(minv, _coadjoint_rate(group, mu)), minv)),
+        terms += [(-0.5 * (a + ahat), mm(mm(minv, gamma), minv)),
                   (0.5 * (b[None, :] - ahat - np.diag(c)), mm(minv, ad.T)),
                   (0.5 * (a - np.diag(c)), mm(ad, minv))]
     if coupling is not None and coupling.N is not None:
@@ -388,8 +411,8 @@ def nonholonomic_precond(pair: tb.PartitionedTableau, group: AbstractLieGroup,
         # -â_ij A_jᵀ + h e_ij adᵀ A_jᵀ; and the stage momenta Ad*_{τ(Ξ^i)} [μ_k + Σ_j a_ij
         # Ad*_{τ(Ξ^j)^{-1}} hF_j] ≈ μ_k + h c_i adᵀ μ_k + Σ_j a_ij (I + h (c_i - c_j) adᵀ) hF_j
         # that the constraint rows read
-        terms = first_order_terms(pair, group, minv[0], state.p, state.v)
-        ad, gamma = group.ad(state.v), _coadjoint_rate(group, state.p)
+        ad, gamma = coadjoint = _coadjoint(group, state.p, state.v)
+        terms = first_order_terms(pair, group, minv[0], state.p, state.v, coadjoint=coadjoint)
         bn, cn = np.asarray(pair.q.b, float), a_np.sum(axis=1)
         e = (bn * cn - 0.5 * bn)[None, :] - 0.5 * (bn[None, :] - np.asarray(pair.p.a)) * cn
         e1 = jnp.asarray(e[:, 1:], dtype)                            # (s, s-1)
@@ -399,11 +422,7 @@ def nonholonomic_precond(pair: tb.PartitionedTableau, group: AbstractLieGroup,
     K = K + h * jnp.einsum("ik,kj,iad,kjdb->iajb", a1, ahat, B2, ma)
     solve_k = factor(K.reshape(n * m, n * m))
 
-    def stage_inverse(r):
-        out = jnp.einsum("kde,ke->kd", minv, r)                    # M_k^{-1} r_k
-        for C, B in terms:
-            out = out - h * mm(mm(jnp.asarray(C, dtype), r), B.T)
-        return out
+    stage_inverse = first_order_inverse(minv, terms, h, minv.shape[0])   # M_k^{-1}, corrected
 
     def precond(r):
         res, phi = r[0], r[1]
