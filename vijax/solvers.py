@@ -135,7 +135,8 @@ class AbstractAdjoint(eqx.Module):
 
     @abc.abstractmethod
     def apply(self, solver: "AbstractRootSolver", f: Callable, x0: Array,
-              precond: Optional[Callable], has_aux: bool) -> tuple[Array, Array, "SolverStats"]:
+              precond: Optional[Callable], has_aux: bool, stall_level=None
+              ) -> tuple[Array, Array, "SolverStats"]:
         """Run ``solver`` on the flat ``f: x -> (F(x), aux)`` from ``x0``; return the root,
         ``aux`` at the root (see :meth:`AbstractRootSolver.solve`) and the statistics."""
 
@@ -145,7 +146,7 @@ class ImplicitAdjoint(AbstractAdjoint):
     one linear system with the exact Jacobian ``dF/dx`` at the root, whichever iteration found
     it (:func:`jax.lax.custom_root`).  Memory and cost do not depend on the iteration count."""
 
-    def apply(self, solver, f, x0, precond, has_aux):
+    def apply(self, solver, f, x0, precond, has_aux, stall_level=None):
         fc, consts = jax.closure_convert(f, x0)
 
         def residual(y):
@@ -154,7 +155,8 @@ class ImplicitAdjoint(AbstractAdjoint):
         # custom_root differentiates its aux output too, so the integer/bool statistics
         # travel as one float vector and are cast back afterwards.
         def solve_packed(g, y):
-            x, aux, st = solver._iterate(f, y, precond, bounded=False, has_aux=has_aux)
+            x, aux, st = solver._iterate(f, y, precond, bounded=False, has_aux=has_aux,
+                                         stall_level=stall_level)
             return x, (aux, jnp.stack([st.iterations.astype(x.dtype), st.residual,
                                        st.converged.astype(x.dtype)]))
 
@@ -171,8 +173,9 @@ class UnrolledAdjoint(AbstractAdjoint):
     """Differentiate through the iterations themselves: a fixed-length ``lax.scan`` of
     ``max_steps`` updates, masked after convergence.  Slower; exists for comparison."""
 
-    def apply(self, solver, f, x0, precond, has_aux):
-        return solver._iterate(f, x0, precond, bounded=True, has_aux=has_aux)
+    def apply(self, solver, f, x0, precond, has_aux, stall_level=None):
+        return solver._iterate(f, x0, precond, bounded=True, has_aux=has_aux,
+                               stall_level=stall_level)
 
 
 class AbstractRootSolver(eqx.Module):
@@ -185,7 +188,8 @@ class AbstractRootSolver(eqx.Module):
         ``theta / (1 - theta)``, ``theta`` the observed contraction rate; the increment itself
         before a rate is known) is below ``atol + rtol * |x_i|`` in every component -- or, at
         the round-off floor, when increments within 1000 times that bound (or within 1e-8
-        times the first increment, at most 1e6 times the bound) stop shrinking.  ``None`` means
+        times the first increment, at most 1e6 times the bound) stop shrinking: one grows, or
+        two in a row fall short of the smallest so far.  ``None`` means
         :func:`default_tolerance` of the working dtype.
     max_steps:
         Iteration cap.  Reaching it without convergence sets ``converged=False`` (never a silent
@@ -243,16 +247,21 @@ class AbstractRootSolver(eqx.Module):
         the flat aux output at the new iterate (to first order) or, when ``_aux_lags``, at
         ``x`` (then discarded).  ``f(x) -> (F(x), aux)`` on flat vectors."""
 
-    def _iterate(self, f, x0, precond, bounded: bool, has_aux: bool = False):
+    def _iterate(self, f, x0, precond, bounded: bool, has_aux: bool = False,
+                 stall_level=None):
         """The iteration on flat ``x``; ``f(x) -> (F(x), aux)``.  ``bounded``: a masked
-        fixed-length scan (differentiable by unrolling) instead of a ``while_loop``."""
+        fixed-length scan (differentiable by unrolling) instead of a ``while_loop``.
+        ``stall_level``: see :meth:`solve`."""
         dtype = x0.dtype
         tol = default_tolerance(dtype)
         rtol = tol if self.rtol is None else self.rtol
         atol = tol if self.atol is None else self.atol
         update = self._make_update(f, x0, precond)
+        noise_floor = (_NOISE_FLOOR if stall_level is None else
+                       jnp.maximum(_NOISE_FLOOR, jax.lax.stop_gradient(stall_level)).astype(dtype))
 
-        def one(x, err_prev, err_first):
+        def one(x, err_prev, track):
+            err_first, err_min, stalls = track
             dx, r, aux = update(x)
             x_new = x - dx
             err = jnp.max(jnp.abs(dx) / (atol + rtol * jnp.abs(x_new)))
@@ -261,30 +270,39 @@ class AbstractRootSolver(eqx.Module):
             # theta = err_k / err_{k-1} < 1, the error left after this update is about
             # theta / (1 - theta) * err_k.  Without a rate yet (first update) or without
             # contraction, the increment itself is tested.  At the round-off floor of an
-            # ill-conditioned system the increments stop contracting (theta >= 1) within
-            # _NOISE_FLOOR of the tolerance, or _STALL_DROP below the first increment:
-            # accepted as converged.
+            # ill-conditioned system the increments stop contracting within _NOISE_FLOOR of
+            # the tolerance, or _STALL_DROP below the first increment: accepted as converged
+            # when an increment grows (theta >= 1) within that level, or when two updates in a
+            # row bring no increment below the smallest one so far while that one is within
+            # the level.  (At round-off the iterates can also wander in a cycle whose apparent
+            # rates are noise below 1: RATTLE on the 3-D double pendulum at h = 1.6e-4 with
+            # an O(h^2) predictor cycled through increments of 383, 1208, 987, 656, 494, 383,
+            # ... tolerances, rates 3.2 and 0.66-0.82, and never passed the first rule.)
             err_first = jnp.where(jnp.isnan(err_first), err, err_first)
             theta = err / err_prev
             estimate = jnp.where(theta < 1, err * theta / (1 - theta), err)
-            level = jnp.maximum(_NOISE_FLOOR, jnp.minimum(_STALL_DROP * err_first, _STALL_CAP))
-            floor = (err <= level) & (theta >= 1)
+            level = jnp.maximum(noise_floor, jnp.minimum(_STALL_DROP * err_first, _STALL_CAP))
+            stalls = jnp.where(err >= err_min, stalls + 1, 0)
+            err_min = jnp.minimum(err_min, err)
+            floor = ((err <= level) & (theta >= 1)) | ((stalls >= 2) & (err_min <= level))
             done = ((estimate <= self.kappa) | floor) & finite
-            return x_new, jnp.max(jnp.abs(r)).astype(dtype), err, done, ~finite, err_first, aux
+            return (x_new, jnp.max(jnp.abs(r)).astype(dtype), err, done, ~finite,
+                    (err_first, err_min, stalls), aux)
 
         def body(carry):
-            x, k, _, err, _, _, err_first, aux = carry
-            x, r, err, done, bad, err_first, new_aux = one(x, err, err_first)
+            x, k, _, err, _, _, track, aux = carry
+            x, r, err, done, bad, track, new_aux = one(x, err, track)
             # a lagging aux is not carried (it is evaluated at the returned iterate below)
             aux = aux if has_aux and self._aux_lags else new_aux
-            return x, k + 1, r, err, done, bad, err_first, aux
+            return x, k + 1, r, err, done, bad, track, aux
 
         # err_prev starts as NaN: no contraction rate is known before the second update.
         aux0 = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype),
                                       jax.eval_shape(lambda y: f(y)[1], x0))
         init = (x0, jnp.asarray(0, jnp.int32), jnp.asarray(jnp.inf, dtype),
                 jnp.asarray(jnp.nan, dtype), jnp.asarray(False), jnp.asarray(False),
-                jnp.asarray(jnp.nan, dtype), aux0)
+                (jnp.asarray(jnp.nan, dtype), jnp.asarray(jnp.inf, dtype),
+                 jnp.asarray(0, jnp.int32)), aux0)
         # The first ``min_steps`` updates are straight-line code: a loop iteration costs more
         # than a small system's update on CPU, and a good predictor needs few updates anyway.
         unrolled = self.straight_line_updates()
@@ -317,6 +335,7 @@ class AbstractRootSolver(eqx.Module):
         precond: Optional[Callable[[PyTree], PyTree]] = None,
         *,
         has_aux: bool = False,
+        stall_level=None,
     ) -> Union[tuple[PyTree, "SolverStats"], tuple[PyTree, PyTree, "SolverStats"]]:
         """Solve ``fn(x) = 0`` from the predictor ``x0``; returns ``(x, stats)``, or
         ``(x, aux, stats)`` with ``has_aux``.
@@ -337,6 +356,11 @@ class AbstractRootSolver(eqx.Module):
         ``precond(r)`` maps a residual pytree to an increment shaped like ``x`` and
         approximates ``J^{-1} r`` (used by :class:`FixedPoint`).  A derivative through a solve
         that did not converge is NaN.
+
+        ``stall_level`` (a scalar, in multiples of the tolerance; default 1000): increments
+        that stop shrinking within this level are taken as round-off (the stopping rule of
+        ``rtol``).  A method whose residual carries more round-off than that says so here: the
+        constraint rows ``g(Q)/h`` of the holonomic methods carry about ``eps |q| / h``.
         """
         x0, unravel = ravel_pytree(x0)
         flat = lambda y: ravel_pytree(y)[0]  # noqa: E731
@@ -353,7 +377,7 @@ class AbstractRootSolver(eqx.Module):
             return flat(r).astype(x0.dtype), aux.astype(x0.dtype)
 
         pc = None if precond is None else (lambda r: flat(precond(unravel_res(r))))
-        x, aux, stats = self.adjoint.apply(self, f, x0, pc, has_aux)
+        x, aux, stats = self.adjoint.apply(self, f, x0, pc, has_aux, stall_level)
         failed = ~stats.converged
         x = _nan_tangent_if(unravel(x), failed)
         if not has_aux:
