@@ -168,10 +168,8 @@ class HolonomicVPRK(AbstractPRK):
         force = self._force(system, state, h, u)
         X0 = self._predict(state, h)
         # The constraint rows g(Q)/h carry round-off eps |q| / h, which the impulses inherit:
-        # at small h increments stagnate above the solver's default round-off level (measured
-        # on the 3-D double pendulum: about 0.16 |q| / h tolerances), so the stall level is
-        # |q| / h tolerances where that is above the default.
-        stall = jnp.max(jnp.abs(state.q)) / jnp.abs(h)
+        # at small h the increments stagnate above the solver's default round-off level.
+        stall = cons.row_round_off(state.q, h, self.stages)
         # q_{k+1}, p_{k+1} from the last residual evaluation: no evaluation after the solve.
         X, out, stats = self.solver.solve(
             lambda X: self.stage_equations(system, state, h, X, force), X0,

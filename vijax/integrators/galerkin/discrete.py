@@ -482,10 +482,13 @@ class GalerkinVI(AbstractDenseIntegrator):
         G0 = (cons.constraint_jacobian(system, state.q)
               if self._shares_node_multiplier(system) else None)
         # pi_{k+1} from the last residual evaluation: no evaluation after the solve.
+        # The constraint rows g/h carry round-off eps |q| / h (see cons.row_round_off).
+        stall = (cons.row_round_off(state.q, h, self.stages)
+                 if isinstance(system, HolonomicSystem) else None)
         X, pi1, stats = self.solver.solve(lambda X: self._equations(system, state, h, X, G0,
                                                                     force),
                                           X0, self._precond(system, state, h, X0),
-                                          has_aux=True)
+                                          has_aux=True, stall_level=stall)
         Zs, mu = X
         q1 = state.q + h * Zs[-1]
         v_guess = k["d1"] @ jnp.concatenate([jnp.zeros_like(Zs[:1]), Zs])
