@@ -125,9 +125,9 @@ def row_round_off(q: Vector, h, stages: int):
     The constraint rows ``g(Q)/h`` carry round-off ``eps |q| / h``, which the impulses
     ``h lambda`` inherit through the bordered system, amplified at inner stages by its
     conditioning.  Measured on the 3-D double pendulum, where the increments of the solve
-    stagnate at round-off: about ``0.16 |q| / h`` tolerances for RATTLE (1020 at h = 1.6e-4),
-    1.1e4-6e4 for the inner stages of Lobatto IIIA-IIIB(5) at h = 1.6e-4, up to 25 times the
-    two-stage level.  Passed to the stage solver as ``stall_level``
+    stagnate at round-off: about ``0.16 |q| / h`` tolerances for RATTLE (1020 at h = 1.6e-4,
+    |q| = 1.5), 1.1e4-6e4 for the inner stages of Lobatto IIIA-IIIB(5) there, 11 to 60 times
+    RATTLE's; this level is 3.9e4 and 2.4e5 there.  Passed to the stage solver as ``stall_level``
     (:meth:`vijax.solvers.AbstractRootSolver.solve`) by the holonomic methods: at the usual
     step sizes it is below the default level (1000) and changes nothing."""
     return stages**2 * jnp.max(jnp.abs(q)) / jnp.abs(h)
