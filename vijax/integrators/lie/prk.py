@@ -296,9 +296,11 @@ class GroupVPRK(TableauPresets, PRKTraits, AbstractIntegrator):
         else:
             # the node velocity: η^s (nonholonomic) or the unknown ξ_{k+1} (holonomic), from
             # the last residual evaluation
+            # holonomic: the rows g(G)/h carry round-off eps |g| / h (cons.row_round_off)
+            stall = (cons.row_round_off(state.q, h, self.stages) if mode == "holonomic" else None)
             X, out, stats = solver.solve(
                 lambda X: self.stage_equations(system, state, h, X, force), X0, precond,
-                has_aux=True)
+                has_aux=True, stall_level=stall)
             v1 = None
         return next_state(state, mode, X, out, h, v1), stats
 
