@@ -5,6 +5,8 @@ Lagrange-d'Alembert methods against diffrax on the index-1 ODE.
     python benchmarks/nonholonomic.py --quick         # smoke test (< 2 min), *_quick files
     python benchmarks/nonholonomic.py --parts 2,4     # a subset of the parts 1, 2, 3, 4
     python benchmarks/nonholonomic.py --summary-only  # re-print the summary / re-plot from JSON
+    python benchmarks/nonholonomic.py --parts 4 --tag _gpu_h200 \
+        --batches 64,256,1024,4096,16384,65536,262144          # the ensemble part on a GPU
 
 Parts (see benchmarks/README.md, "Nonholonomic benchmarks"):
   1  energy and constraint error vs cost over T = 1000 on the CVT gearbox of Celledoni, Farré
@@ -994,8 +996,22 @@ def main(argv=None):
     ap.add_argument("--out", default=str(RESULTS), help="output folder")
     ap.add_argument("--summary-only", action="store_true",
                     help="rebuild the summary and the plots from the JSON file and exit")
+    ap.add_argument("--batches", default=None,
+                    help="part 4's batch sizes, comma-separated (default 64,256,1024,4096; on "
+                         "a GPU e.g. 64,...,262144)")
+    ap.add_argument("--tag", default=None,
+                    help="suffix of the output files (default '' or '_quick'; e.g. '_gpu_h200')")
+    ap.add_argument("--methods", default=None,
+                    help="part 4's vijax methods and steps, e.g. lob2=0.1,lob3=0.2,lob4=0.4")
     args = ap.parse_args(argv)
     TAG, cfg = ("_quick", QUICK) if args.quick else ("", FULL)
+    if args.tag is not None:
+        TAG = args.tag
+    if args.batches:
+        cfg = {**cfg, "4": {**cfg["4"], "batches": [int(b) for b in args.batches.split(",")]}}
+    if args.methods:
+        methods = dict(m.split("=") for m in args.methods.split(","))
+        cfg = {**cfg, "4": {**cfg["4"], "vijax": {k: float(h) for k, h in methods.items()}}}
     RESULTS = Path(args.out)
     RESULTS.mkdir(parents=True, exist_ok=True)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
