@@ -124,8 +124,12 @@ def _with_aux_tangent(fc, consts, x, aux):
     def attach_jvp(primals, tangents):
         x, consts, aux = primals
         tx, tconsts, _ = tangents
-        _, taux = jax.jvp(lambda y, c: fc(y, *c)[1], (x, consts), (tx, tconsts))
-        return aux, taux
+        at_x, taux = jax.jvp(lambda y, c: fc(y, *c)[1], (x, consts), (tx, tconsts))
+        # The primal is ``aux``, with the derivatives of ``aux(x)``: differentiated again (a
+        # Hessian), this rule's own output must depend on ``x`` and the closure, not be the
+        # gradient-stopped value (which made second derivatives through VPRK's momentum form
+        # wrong by 1 % on the double pendulum, and asymmetric).
+        return aux + (at_x - jax.lax.stop_gradient(at_x)), taux
 
     return attach(x, consts, aux)
 
