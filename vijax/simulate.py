@@ -441,9 +441,9 @@ def _saves(integrator, system, state0, dt, U, n_saves: int, save_every: int, den
 @eqx.filter_custom_jvp
 def _differentiable_saves(diff, *, integrator, n_saves, save_every, dense, checkpointed):
     """:func:`_saves_impl`: the plain loop when nothing is differentiated; its derivatives
-    (forward and reverse mode, any order) are those of the rematerialised layout, whose
-    reverse pass stores one state per step (``store_all``) or per segment boundary and
-    segment step (``checkpointed``); see ``remat`` there."""
+    (forward and reverse mode, and Hessians as forward over reverse) are those of the
+    rematerialised layout, whose reverse pass stores one state per step (``store_all``) or
+    per segment boundary and segment step (``checkpointed``); see ``remat`` there."""
     system, state0, dt, U = diff
     return _saves_impl(integrator, system, state0, dt, U, n_saves, save_every, dense, False,
                        False)
