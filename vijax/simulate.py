@@ -438,6 +438,15 @@ def _saves(integrator, system, state0, dt, U, n_saves: int, save_every: int, den
                                  checkpointed=checkpointed)
 
 
+# Where the derivative re-runs each step (``remat`` in ``_saves_impl``), per backend
+# (:func:`jax.default_backend`; others: no).  Measured on an NVIDIA H200 (4096 double
+# pendulums, VPRK.gauss(2), 1000 steps, `jax.grad` of the ensemble's loss): re-running each
+# step made the gradient 1.28x slower with store_all (291 against 227 ms) and 1.11x with
+# checkpointed: a GPU runs the stored linearisations' loop as kernels anyway, and the
+# re-run stage solve waits on its loop predicate.  On CPU it is 2-4x faster (see there).
+_REMAT_BACKENDS = {"cpu": True}
+
+
 @eqx.filter_custom_jvp
 def _differentiable_saves(diff, *, integrator, n_saves, save_every, dense, checkpointed):
     """:func:`_saves_impl`: the plain loop when nothing is differentiated; its derivatives
@@ -465,7 +474,7 @@ def _differentiable_saves_jvp(primals, tangents, *, integrator, n_saves, save_ev
             new[i] = x
         system, state0, dt, U = jax.tree_util.tree_unflatten(tree, new)
         return _saves_impl(integrator, system, state0, dt, U, n_saves, save_every, dense,
-                           checkpointed, True)
+                           checkpointed, _REMAT_BACKENDS.get(jax.default_backend(), False))
 
     return jax.jvp(run, [leaves[i] for i in moving], [t_leaves[i] for i in moving])
 
@@ -487,7 +496,8 @@ def _saves_impl(integrator, system, state0, dt, U, n_saves: int, save_every: int
     # Measured on Kepler and the double pendulum (VPRK.gauss(2), 1e4 steps): gradient 3.1
     # instead of 10.2 us/step and 7.3 instead of 20 us/step, 5.5 and 3.3 times the forward
     # run instead of 18 and 9.  Without derivatives the steps run in one loop: the nested
-    # loops cost 0.2 us/step more on Kepler (0.54 -> 0.7-0.9 us).
+    # loops cost 0.2 us/step more on Kepler (0.54 -> 0.7-0.9 us).  CPU only
+    # (``_REMAT_BACKENDS``).
     if remat:
         advance = jax.checkpoint(advance)
     step_bytes = (_nbytes(state0) + (0 if U is None else _nbytes(U[0]))) if remat else 0
