@@ -730,11 +730,14 @@ def simulate(
     (sampled at the force nodes).  Derivatives flow to the controls.
 
     ``adjoint`` chooses what reverse mode (:func:`jax.grad`) keeps of the forward run:
-    ``"store_all"`` (default) every step's linearisation; ``"checkpointed"`` only states at
-    two nested levels of segments (about ``sqrt`` of the saves, and of the steps between
-    saves), recomputing each segment's steps during the backward pass: memory grows like the
-    square root of the step count (plus the saved states themselves) for about one more
-    forward pass.  Both give the same derivatives (to round-off).
+    ``"store_all"`` (default) every step (on CPU its input state, the step being re-run and
+    differentiated in the backward pass; on other backends its linearisation);
+    ``"checkpointed"`` only states at two nested levels of segments (about ``sqrt`` of the
+    saves, and of the steps between saves), recomputing each segment's steps during the
+    backward pass: memory grows like the square root of the step count (plus the saved
+    states themselves) for about one more forward pass; ``"reversible"`` (symmetric methods,
+    reverse mode only) the final state, rebuilding the others by stepping back.  All give
+    the same derivatives (to round-off).
 
     With ``dense=True`` (collocation and Galerkin methods) the solution also carries the
     polynomials of every step, whatever ``save_every``: ``sol.evaluate(t)`` gives ``q``,
