@@ -438,13 +438,13 @@ def _saves(integrator, system, state0, dt, U, n_saves: int, save_every: int, den
                                  checkpointed=checkpointed)
 
 
-# Where the derivative re-runs each step (``remat`` in ``_saves_impl``), per backend
-# (:func:`jax.default_backend`; others: no).  Measured on an NVIDIA H200 (4096 double
+# The backends (:func:`jax.default_backend`) where the derivative re-runs each step
+# (``remat`` in ``_saves_impl``).  Measured on an NVIDIA H200 (4096 double
 # pendulums, VPRK.gauss(2), 1000 steps, `jax.grad` of the ensemble's loss): re-running each
 # step made the gradient 1.28x slower with store_all (291 against 227 ms) and 1.11x with
 # checkpointed: a GPU runs the stored linearisations' loop as kernels anyway, and the
 # re-run stage solve waits on its loop predicate.  On CPU it is 2-4x faster (see there).
-_REMAT_BACKENDS = {"cpu": True}
+_REMAT_BACKENDS = frozenset({"cpu"})
 
 
 @eqx.filter_custom_jvp
@@ -474,7 +474,7 @@ def _differentiable_saves_jvp(primals, tangents, *, integrator, n_saves, save_ev
             new[i] = x
         system, state0, dt, U = jax.tree_util.tree_unflatten(tree, new)
         return _saves_impl(integrator, system, state0, dt, U, n_saves, save_every, dense,
-                           checkpointed, _REMAT_BACKENDS.get(jax.default_backend(), False))
+                           checkpointed, jax.default_backend() in _REMAT_BACKENDS)
 
     return jax.jvp(run, [leaves[i] for i in moving], [t_leaves[i] for i in moving])
 
@@ -561,8 +561,9 @@ def _reversible_saves(diff, integrator, n_saves: int, save_every: int):
     rebuilds each state by stepping back with ``-dt`` (a symmetric method's inverse) and
     differentiates that step there."""
     system, state0, dt, U = diff
-    states, stats, _ = _saves(integrator, system, state0, dt, U, n_saves, save_every, False,
-                              False)
+    # the plain loop: this function's own derivative is the custom VJP below
+    states, stats, _ = _saves_impl(integrator, system, state0, dt, U, n_saves, save_every,
+                                   False, False, False)
     return states, stats
 
 

@@ -489,11 +489,11 @@ def predict(pair: tb.PartitionedTableau, state: PRKState, h, mode: str, extra: s
             retraction: Optional[AbstractRetraction] = None):
     """The warm start ``X0`` of :func:`stage_equations` from the previous step's stage values:
     the stage values extrapolated; the holonomic node velocity shifted by the change of the
-    last stage (with equal stage momenta, as in RATTLE, stage and node velocities from the mean
-    velocity and the node velocity, exact to ``O(h²)``); the nonholonomic ``extra``: ``"velocities"`` (``w = η^2..η^s``) the predicted
-    stages shifted the same way, ``"momenta"`` (the Hamiltonian form; needs ``system``,
-    ``group`` and ``retraction``) the Legendre map ``D2ℓ(G^i, V^i)`` at the predicted
-    stages."""
+    last stage (with equal stage momenta, as in RATTLE, stage and node velocities from the
+    mean velocity and the node velocity, exact to ``O(h²)``); the nonholonomic ``extra``:
+    ``"velocities"`` (``w = η^2..η^s``) the predicted stages shifted the same way,
+    ``"momenta"`` (the Hamiltonian form; needs ``system``, ``group`` and ``retraction``) the
+    Legendre map ``D2ℓ(G^i, V^i)`` at the predicted stages."""
     extrap = extrapolation(pair, state.p.dtype)
     H0 = mm(extrap, state.stages)
     shift = state.v - state.stages[-1]
