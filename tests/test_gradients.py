@@ -311,3 +311,48 @@ def test_second_derivatives_through_the_stage_solves_match_central_differences()
     scale = np.max(np.abs(central))
     assert np.max(np.abs(hess - hess.T)) <= 1e-10 * scale
     assert np.max(np.abs(hess - central)) <= 1e-7 * scale, (hess, central)
+
+
+def _while_loops(jaxpr) -> int:
+    """The ``while`` loops in a jaxpr, nested ones included."""
+    n = 0
+    for eqn in jaxpr.eqns:
+        n += eqn.primitive.name == "while"
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                sub = getattr(sub, "jaxpr", sub)
+                if hasattr(sub, "eqns"):
+                    n += _while_loops(sub)
+    return n
+
+
+def test_the_backward_pass_linearises_at_the_stored_stage_root():
+    """A step rematerialised with the stage root saved (``vj.solvers.STAGE_ROOT``) solves its
+    stage equations once: its gradient's program has the forward solve's loop only, and the
+    same gradient as the step re-run with its solve.  ``simulate``'s gradients (CPU) do the
+    same: one loop, where re-running the solve in the backward pass would make two."""
+    system = vj.systems.DoublePendulum()
+    integrator = vj.VPRK.gauss(2)
+    state = integrator.init(system, 0.0, jnp.array([1.0, 1.5]), jnp.array([0.0, 0.3]))
+
+    def grad_of(policy):
+        step = jax.checkpoint(lambda s: integrator.step(system, s, 0.05)[0], policy=policy)
+        loss = lambda s: jnp.sum(step(s).q ** 2) + jnp.sum(step(s).p)  # noqa: E731
+        return jax.jit(jax.grad(loss)), jax.make_jaxpr(jax.grad(loss))(state).jaxpr
+
+    saved, saved_jaxpr = grad_of(
+        jax.checkpoint_policies.save_only_these_names(vj.solvers.STAGE_ROOT))
+    rerun, rerun_jaxpr = grad_of(None)
+    assert _while_loops(saved_jaxpr) == 2  # the two forward steps' solves
+    assert _while_loops(rerun_jaxpr) == 4  # and again in the backward pass
+    for a, b in zip(jax.tree_util.tree_leaves(saved(state)),
+                    jax.tree_util.tree_leaves(rerun(state))):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+    def loss(q0):
+        sol = vj.simulate(system, integrator, q0=q0, v0=jnp.zeros(2), dt=0.01, n_steps=20,
+                          save_every=10)
+        return jnp.sum(sol.q ** 2)
+
+    if jax.default_backend() == "cpu":
+        assert _while_loops(jax.make_jaxpr(jax.grad(loss))(jnp.array([1.0, 1.5])).jaxpr) == 1

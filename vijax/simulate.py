@@ -19,7 +19,7 @@ from ._checks import refuse as _refuse
 from ._typing import ScalarLike, Times, VectorLike
 from .integrators._base import AbstractDenseIntegrator, AbstractIntegrator, registry
 from .interpolation import DenseInterpolation, DenseOutput
-from .solvers import ConvergenceError
+from .solvers import STAGE_ROOT, ConvergenceError
 from .systems import ForcedSystem, LagrangianSystem, LieGroupSystem
 
 __all__ = ["simulate", "Solution", "StepStats", "PrecisionWarning"]
@@ -492,14 +492,20 @@ def _saves_impl(integrator, system, state0, dt, U, n_saves: int, save_every: int
     # intermediates: 4-8 times the state), and the steps run in inner loops of ``per_loop``
     # steps whose stored states fit the budget of a loop XLA:CPU compiles into one kernel (a
     # backward loop over a trajectory's stacked linearisations runs op by op).  The
-    # backward pass re-runs each step, stage solve included, then differentiates it.
-    # Measured on Kepler and the double pendulum (VPRK.gauss(2), 1e4 steps): gradient 3.1
-    # instead of 10.2 us/step and 7.3 instead of 20 us/step, 5.5 and 3.3 times the forward
-    # run instead of 18 and 9.  Without derivatives the steps run in one loop: the nested
-    # loops cost 0.2 us/step more on Kepler (0.54 -> 0.7-0.9 us).  CPU only
-    # (``_REMAT_BACKENDS``).
+    # backward pass re-runs each step, then differentiates it.  Measured on Kepler and the
+    # double pendulum (VPRK.gauss(2), 1e4 steps): gradient 3.1 instead of 10.2 us/step and
+    # 7.3 instead of 20 us/step, 5.5 and 3.3 times the forward run instead of 18 and 9.
+    # Without derivatives the steps run in one loop: the nested loops cost 0.2 us/step more
+    # on Kepler (0.54 -> 0.7-0.9 us).  CPU only (``_REMAT_BACKENDS``).
+    #
+    # The stage solves' roots and statistics (``STAGE_ROOT``) are stored with the state (on
+    # VPRK.gauss(2) 56 B against the state's 104), so the re-run linearises the stage
+    # equations at the stored root and solves nothing: gradient 7.4-7.5 -> 5.5-5.9 us/step on
+    # the double pendulum (4.9 fixed-point updates a step saved), 3.6-3.8 -> 3.0-3.6 on
+    # Kepler (2.5), alternating runs.
     if remat:
-        advance = jax.checkpoint(advance)
+        advance = jax.checkpoint(
+            advance, policy=jax.checkpoint_policies.save_only_these_names(STAGE_ROOT))
     step_bytes = (_nbytes(state0) + (0 if U is None else _nbytes(U[0]))) if remat else 0
 
     # Statistics are reduced in the carry, not stacked per step: long runs store only what

@@ -15,8 +15,9 @@ gradients flow through it:
 All three run the same ``lax.while_loop`` to a mixed tolerance with an iteration cap, report
 per-solve :class:`SolverStats` (iterations, residual, converged) and are differentiated as
 their ``adjoint`` says: :class:`ImplicitAdjoint` (default) by the implicit function theorem
-through :func:`jax.lax.custom_root` -- the tangent/cotangent of the converged root solves one
-linear system with the exact Jacobian ``dF/dx`` at the root, whichever iteration found it --
+(the rule of :func:`jax.lax.custom_root`) -- the tangent/cotangent of the converged root
+solves one linear system with the exact Jacobian ``dF/dx`` at the root, whichever iteration
+found it --
 or :class:`UnrolledAdjoint` through the iterations (a fixed-length ``lax.scan``; slower, for
 comparison).  A derivative through a solve that did not converge is NaN.
 """
@@ -30,6 +31,7 @@ from typing import ClassVar, Optional, Union
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jax.extend import core as jax_core
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Bool, Float, Int, PyTree
@@ -48,6 +50,7 @@ __all__ = [
     "FixedPoint",
     "ConvergenceError",
     "default_tolerance",
+    "STAGE_ROOT",
 ]
 
 
@@ -91,7 +94,8 @@ def default_tolerance(dtype) -> float:
 
 def _tangent_solve(g, y):
     # ``g`` is the linearisation of F at the root; its Jacobian is dF/dx (implicit function
-    # theorem).  Unknowns are flat vectors here (see ``AbstractRootSolver.solve``).
+    # theorem).  Unknowns are flat vectors here (see ``AbstractRootSolver.solve``).  Linear in
+    # ``y``: reverse mode transposes it.
     return _linalg.solve(jax.jacfwd(g)(y), y)
 
 
@@ -134,6 +138,45 @@ def _with_aux_tangent(fc, consts, x, aux):
     return attach(x, consts, aux)
 
 
+def _implicit_solve(iterate, fc, x0, consts, fixed):
+    """``iterate(x0, consts, fixed) -> (x, aux, packed statistics)``, the loop that finds the
+    root of ``y -> fc(y, *consts)[0]``, with the derivatives of the implicit function theorem:
+    ``dx = -(dF/dx)^{-1} (dF/dconsts) dconsts`` at the root, whichever iteration found it
+    (the rule of :func:`jax.lax.custom_root`).  ``fixed`` (the preconditioner's data) is not
+    differentiated.
+
+    The rule names the root and the statistics :data:`STAGE_ROOT` where it linearises: a
+    rematerialised step that saves them needs no second solve.  Its primal output is this
+    function again, whose own primal is the loop: a ``lax.scan`` differentiated twice (its
+    loop-invariant hoisting partially evaluates the known body again, and so drops the custom
+    rules of calls there) differentiates the loop instead, which converges to the same
+    derivative."""
+
+    @jax.custom_jvp
+    def solve(x0, consts, fixed):
+        return iterate(x0, consts, fixed)
+
+    @solve.defjvp
+    def solve_jvp(primals, tangents):
+        x0, consts, fixed = primals
+        _, t_consts, _ = tangents
+        x, aux, packed = jax.tree_util.tree_map(lambda v: checkpoint_name(v, STAGE_ROOT),
+                                                solve(x0, consts, fixed))
+        rhs = jax.jvp(lambda c: fc(x, *c)[0], (consts,), (t_consts,))[1]
+        tx = -_tangent_solve(lambda t: jax.jvp(lambda y: fc(y, *consts)[0], (x,), (t,))[1],
+                             rhs)
+        return (x, aux, packed), (tx, jnp.zeros_like(aux), jnp.zeros_like(packed))
+
+    return solve(x0, consts, fixed)
+
+
+#: The name (:func:`jax.ad_checkpoint.checkpoint_name`) of a stage solve's root and its
+#: convergence flag: ``jax.checkpoint(step, policy=jax.checkpoint_policies.
+#: save_only_these_names(STAGE_ROOT))`` keeps them, and the step's derivative then needs no
+#: second solve (:class:`ImplicitAdjoint`).
+STAGE_ROOT = "vijax_stage_root"
+
+
 class AbstractAdjoint(eqx.Module):
     """How derivatives flow through a root solve (the role of optimistix's adjoints)."""
 
@@ -148,24 +191,31 @@ class AbstractAdjoint(eqx.Module):
 class ImplicitAdjoint(AbstractAdjoint):
     """Implicit function theorem (default): the tangent/cotangent of the converged root solves
     one linear system with the exact Jacobian ``dF/dx`` at the root, whichever iteration found
-    it (:func:`jax.lax.custom_root`).  Memory and cost do not depend on the iteration count."""
+    it.  Memory and cost do not depend on the iteration count.  The root and the statistics
+    are named :data:`STAGE_ROOT` where the derivative linearises (:func:`_implicit_solve`): a
+    rematerialised step that saves them (``jax.checkpoint`` with
+    ``save_only_these_names(STAGE_ROOT)``, as :func:`vijax.simulate` does on CPU) linearises
+    its stage equations at the saved root without solving them again."""
 
     def apply(self, solver, f, x0, precond, has_aux, stall_level=None):
         fc, consts = jax.closure_convert(f, x0)
+        if precond is None:
+            pc, pc_consts = None, ()
+        else:
+            pc, pc_consts = jax.closure_convert(precond, x0)
 
-        def residual(y):
-            return fc(y, *consts)[0]
+        def iterate(y0, consts, fixed):
+            pc_consts, stall = fixed
+            x, aux, st = solver._iterate(
+                lambda y: fc(y, *consts), y0,
+                None if pc is None else (lambda r: pc(r, *pc_consts)), bounded=False,
+                has_aux=has_aux, stall_level=stall)
+            # one float vector: the statistics ride through the derivative's rule as data
+            return x, aux, jnp.stack([st.iterations.astype(x.dtype), st.residual,
+                                      st.converged.astype(x.dtype)])
 
-        # custom_root differentiates its aux output too, so the integer/bool statistics
-        # travel as one float vector and are cast back afterwards.
-        def solve_packed(g, y):
-            x, aux, st = solver._iterate(f, y, precond, bounded=False, has_aux=has_aux,
-                                         stall_level=stall_level)
-            return x, (aux, jnp.stack([st.iterations.astype(x.dtype), st.residual,
-                                       st.converged.astype(x.dtype)]))
-
-        x, (aux, packed) = jax.lax.custom_root(
-            residual, jax.lax.stop_gradient(x0), solve_packed, _tangent_solve, has_aux=True)
+        fixed = jax.lax.stop_gradient((tuple(pc_consts), stall_level))
+        x, aux, packed = _implicit_solve(iterate, fc, jax.lax.stop_gradient(x0), consts, fixed)
         packed = jax.lax.stop_gradient(packed)
         stats = SolverStats(iterations=packed[0].astype(jnp.int32), residual=packed[1],
                             converged=packed[2] > 0.5)
