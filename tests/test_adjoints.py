@@ -9,8 +9,9 @@
   ``jax.grad`` of a loss of the final state, ``save_every = n_steps`` so that no saved states
   count): ``store_all`` grows with the step count ``N``; ``checkpointed`` like ``sqrt(N)``;
   ``reversible`` not at all.  Measured on the double pendulum with ``VPRK.gauss(2)``,
-  N = 10^3 / 1.6 10^4 / 10^5: 0.071 / 1.03 / 6.4 MB (64 B per step, less than one state:
-  each step is rematerialised in the backward pass), 0.035 / 0.12 / 0.23 MB, 0.007 MB each.
+  N = 10^3 / 1.6 10^4 / 10^5: 0.095 / 1.42 / 8.8 MB (88 B per step, less than one state:
+  each step is rematerialised in the backward pass from its input state and stage-solve
+  root), 0.014 / 0.029 / 0.058 MB, 0.007 MB each.
 * Bad input: the reversible adjoint of a non-symmetric method names the methods that allow
   it; with dense output, and an unknown adjoint, the error names the fix.
 """
@@ -108,9 +109,10 @@ def test_reverse_mode_memory_against_the_step_count():
     small, large = 1_000, 16_000   # 16x the steps
     store = _temp_bytes(large, "store_all") / _temp_bytes(small, "store_all")
     # store_all keeps at most one state per step (each step is rematerialised in the
-    # backward pass), not the step's linearisation: measured 64 B per step against a
-    # 104-byte state (t, q, p and the two stages' velocities and forces); 780 B per step
-    # while the stage solve's linearisation was stored
+    # backward pass from its input state and stage-solve root), not the step's
+    # linearisation: measured 88 B per step against a 104-byte state (t, q, p and the two
+    # stages' velocities and forces); 780 B per step while the stage solve's linearisation
+    # was stored
     state = vj.VPRK.gauss(2).init(vj.systems.DoublePendulum(), 0.0, jnp.array([1.0, 0.5]),
                                   jnp.zeros(2))
     state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(state))

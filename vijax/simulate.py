@@ -737,8 +737,9 @@ def simulate(
     (sampled at the force nodes).  Derivatives flow to the controls.
 
     ``adjoint`` chooses what reverse mode (:func:`jax.grad`) keeps of the forward run:
-    ``"store_all"`` (default) every step (on CPU its input state, the step being re-run and
-    differentiated in the backward pass; on other backends its linearisation);
+    ``"store_all"`` (default) every step (on CPU its input state and its stage solve's
+    root, the step being re-run from them without a second solve and differentiated in
+    the backward pass; on other backends its linearisation);
     ``"checkpointed"`` only states at two nested levels of segments (about ``sqrt`` of the
     saves, and of the steps between saves), recomputing each segment's steps during the
     backward pass: memory grows like the square root of the step count (plus the saved
