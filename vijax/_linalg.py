@@ -75,7 +75,7 @@ def solve(m, b):
         return jnp.linalg.solve(m, b)
     vec = b.ndim == 1
     # the row operations come from m alone and act linearly on the right-hand side (a
-    # transposable linear map of b, as jax.lax.custom_root's tangent solve needs)
+    # transposable linear map of b)
     a = m
     r = (b[:, None] if vec else b).astype(m.dtype)
     rows = jnp.arange(n)
