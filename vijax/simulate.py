@@ -444,6 +444,8 @@ def _saves(integrator, system, state0, dt, U, n_saves: int, save_every: int, den
 # step made the gradient 1.28x slower with store_all (291 against 227 ms) and 1.11x with
 # checkpointed: a GPU runs the stored linearisations' loop as kernels anyway, and the
 # re-run stage solve waits on its loop predicate.  On CPU it is 2-4x faster (see there).
+# (Measured before the re-run kept the stage root: it no longer solves, so a GPU may now
+# gain from it too; to be measured on a device before the gate changes.)
 _REMAT_BACKENDS = frozenset({"cpu"})
 
 
