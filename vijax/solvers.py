@@ -176,10 +176,12 @@ def _implicit_solve(iterate, fc, x0, consts, fixed):
     return solve(x0, consts, fixed)
 
 
-#: The name (:func:`jax.ad_checkpoint.checkpoint_name`) of a stage solve's root and its
-#: convergence flag: ``jax.checkpoint(step, policy=jax.checkpoint_policies.
-#: save_only_these_names(STAGE_ROOT))`` keeps them, and the step's derivative then needs no
-#: second solve (:class:`ImplicitAdjoint`).
+#: The name (:func:`jax.ad_checkpoint.checkpoint_name`) of a stage solve's outputs where its
+#: derivative linearises (the root, the ``aux`` output and the statistics, whose convergence
+#: flag makes a derivative through a failed solve NaN): ``jax.checkpoint(step,
+#: policy=jax.checkpoint_policies.save_only_these_names(STAGE_ROOT))`` keeps what the
+#: backward pass reads of them, and the step's derivative then needs no second solve
+#: (:class:`ImplicitAdjoint`).
 STAGE_ROOT = "vijax_stage_root"
 
 
