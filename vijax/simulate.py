@@ -500,11 +500,11 @@ def _saves_impl(integrator, system, state0, dt, U, n_saves: int, save_every: int
     # Without derivatives the steps run in one loop: the nested loops cost 0.2 us/step more
     # on Kepler (0.54 -> 0.7-0.9 us).  CPU only (``_REMAT_BACKENDS``).
     #
-    # The stage solves' roots and statistics (``STAGE_ROOT``) are stored with the state (on
-    # VPRK.gauss(2) 56 B against the state's 104), so the re-run linearises the stage
-    # equations at the stored root and solves nothing: gradient 7.4-7.5 -> 5.5-5.9 us/step on
-    # the double pendulum (4.9 fixed-point updates a step saved), 3.6-3.8 -> 3.0-3.6 on
-    # Kepler (2.5), alternating runs.
+    # What the backward pass reads of each stage solve (``STAGE_ROOT``: the root, and the
+    # convergence flag) is stored with the state (on VPRK.gauss(2) 88 instead of 64 B per
+    # step), so the re-run linearises the stage equations at the stored root and solves
+    # nothing: gradient 7.4-7.5 -> 5.5-5.9 us/step on the double pendulum (4.9 fixed-point
+    # updates a step saved), 3.6-3.8 -> 3.0-3.6 on Kepler (2.5), alternating runs.
     if remat:
         advance = jax.checkpoint(
             advance, policy=jax.checkpoint_policies.save_only_these_names(STAGE_ROOT))
