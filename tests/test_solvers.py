@@ -253,6 +253,17 @@ def test_nan_stops_the_loop_early_in_one_component():
     assert int(st.iterations) == 1
 
 
+@pytest.mark.parametrize("adjoint", [ImplicitAdjoint(), UnrolledAdjoint()], ids=["implicit", "unrolled"])
+def test_an_iterate_that_overflows_stops_the_loop(adjoint):
+    """A finite iterate and a finite increment whose difference overflows: the loop stops
+    at once and reports failure (the increment's size alone, ``|dx| / (atol + rtol |x|)``, is
+    0 there, so the finiteness test must look at the new iterate itself)."""
+    fn = lambda x: -x  # noqa: E731  (the plain fixed point doubles x)
+    x, st = FixedPoint(min_steps=0, adjoint=adjoint).solve(fn, jnp.array([1.0, 1.5e308]))
+    assert not bool(st.converged)
+    assert int(st.iterations) == 1
+
+
 def test_damped_newton_converges_where_plain_newton_diverges():
     """arctan(x - 1) from x0 = 4: plain Newton overshoots further every step; the line search
     of Newton(damped=True) brings it home."""

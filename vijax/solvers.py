@@ -77,6 +77,8 @@ _NOISE_FLOOR = 1000.0
 # _STALL_CAP times the tolerance (2e-9 relative in float64) whatever the first increment.
 _STALL_DROP = 1e-8
 _STALL_CAP = 1e6
+# Positions in the vector of loop scalars of AbstractRootSolver._iterate.
+_K, _ERR, _FIRST, _MIN, _STALLS, _DONE, _BAD = range(7)
 
 
 def default_tolerance(dtype) -> float:
@@ -322,49 +324,65 @@ class AbstractRootSolver(eqx.Module):
         noise_floor = (_NOISE_FLOOR if stall_level is None else
                        jnp.maximum(_NOISE_FLOOR, jax.lax.stop_gradient(stall_level)).astype(dtype))
 
-        def one(x, err_prev, track):
-            err_first, err_min, stalls = track
+        kappa = self.kappa
+
+        def one(x, book):
             dx, r, aux = update(x)
             x_new = x - dx
-            err = jnp.max(jnp.abs(dx) / (atol + rtol * jnp.abs(x_new)))
-            finite = jnp.all(jnp.isfinite(x_new))
+            # One reduction gives the increment's size and the finiteness test: ``0 * x_new``
+            # is NaN where ``x_new`` is not finite, and the maximum propagates NaN.
+            err = jnp.max(jnp.abs(dx) / (atol + rtol * jnp.abs(x_new)) + 0.0 * x_new)
+            finite = jnp.isfinite(err)
+            err_prev, err_first, err_min, stalls = (book[_ERR], book[_FIRST], book[_MIN],
+                                                    book[_STALLS])
             # Stopping test of Hairer & Wanner (IV.8): with the observed contraction
             # theta = err_k / err_{k-1} < 1, the error left after this update is about
             # theta / (1 - theta) * err_k.  Without a rate yet (first update) or without
-            # contraction, the increment itself is tested.  At the round-off floor of an
-            # ill-conditioned system the increments stop contracting within _NOISE_FLOOR of
-            # the tolerance, or _STALL_DROP below the first increment: accepted as converged
-            # when an increment grows (theta >= 1) within that level, or when two updates in a
-            # row bring no increment below the smallest one so far while that one is within
-            # the level.  (At round-off the iterates can also wander in a cycle whose apparent
+            # contraction, the increment itself is tested.  Written without divisions
+            # (theta < 1 is err < err_prev, and theta / (1 - theta) * err <= kappa is
+            # err^2 <= kappa (err_prev - err)): every comparison below then fuses into the
+            # one kernel that writes the packed statistics, where a division used twice is
+            # a kernel of its own on XLA:CPU.  At the round-off floor of an ill-conditioned
+            # system the increments stop contracting within _NOISE_FLOOR of the tolerance,
+            # or _STALL_DROP below the first increment: accepted as converged when an
+            # increment grows (theta >= 1) within that level, or when two updates in a row
+            # bring no increment below the smallest one so far while that one is within the
+            # level.  (At round-off the iterates can also wander in a cycle whose apparent
             # rates are noise below 1: RATTLE on the 3-D double pendulum at h = 1.6e-4 with
             # an O(h^2) predictor cycled through increments of 383, 1208, 987, 656, 494, 383,
             # ... tolerances, rates 3.2 and 0.66-0.82, and never passed the first rule.)
             err_first = jnp.where(jnp.isnan(err_first), err, err_first)
-            theta = err / err_prev
-            estimate = jnp.where(theta < 1, err * theta / (1 - theta), err)
+            contracting = err < err_prev          # theta < 1; False while err_prev is NaN
+            growing = err >= err_prev             # theta >= 1
+            small = jnp.where(contracting, err * err <= kappa * (err_prev - err),
+                              err <= kappa)
             level = jnp.maximum(noise_floor, jnp.minimum(_STALL_DROP * err_first, _STALL_CAP))
-            stalls = jnp.where(err >= err_min, stalls + 1, 0)
+            stalls = jnp.where(err >= err_min, stalls + 1, 0.0)
             err_min = jnp.minimum(err_min, err)
-            floor = ((err <= level) & (theta >= 1)) | ((stalls >= 2) & (err_min <= level))
-            done = ((estimate <= self.kappa) | floor) & finite
-            return (x_new, jnp.max(jnp.abs(r)).astype(dtype), err, done, ~finite,
-                    (err_first, err_min, stalls), aux)
+            floor = ((err <= level) & growing) | ((stalls >= 2) & (err_min <= level))
+            done = (small | floor) & finite
+            book = jnp.stack([book[_K] + 1, err, err_first, err_min, stalls,
+                              done.astype(dtype), (~finite).astype(dtype)])
+            return x_new, book, r, aux
 
         def body(carry):
-            x, k, _, err, _, _, track, aux = carry
-            x, r, err, done, bad, track, new_aux = one(x, err, track)
+            x, book, _, aux = carry
+            x, book, r, new_aux = one(x, book)
             # a lagging aux is not carried (it is evaluated at the returned iterate below)
             aux = aux if has_aux and self._aux_lags else new_aux
-            return x, k + 1, r, err, done, bad, track, aux
+            return x, book, r, aux
 
-        # err_prev starts as NaN: no contraction rate is known before the second update.
+        def stopped(book):
+            return (book[_DONE] > 0) | (book[_BAD] > 0)
+
+        # The loop's scalars travel as one float vector (``_K`` ... ``_BAD``), written by one
+        # kernel per update; err_prev starts as NaN: no contraction rate is known before the
+        # second update.  The residual is carried whole and reduced once, after the loop.
         aux0 = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype),
                                       jax.eval_shape(lambda y: f(y)[1], x0))
-        init = (x0, jnp.asarray(0, jnp.int32), jnp.asarray(jnp.inf, dtype),
-                jnp.asarray(jnp.nan, dtype), jnp.asarray(False), jnp.asarray(False),
-                (jnp.asarray(jnp.nan, dtype), jnp.asarray(jnp.inf, dtype),
-                 jnp.asarray(0, jnp.int32)), aux0)
+        book0 = jnp.array([0.0, jnp.nan, jnp.nan, jnp.inf, 0.0, 0.0, 0.0], dtype)
+        r0 = jnp.full(jax.eval_shape(lambda y: f(y)[0], x0).shape, jnp.inf, dtype)
+        init = (x0, book0, r0, aux0)
         # The first ``min_steps`` updates are straight-line code: a loop iteration costs more
         # than a small system's update on CPU, and a good predictor needs few updates anyway.
         unrolled = self.straight_line_updates()
@@ -373,19 +391,21 @@ class AbstractRootSolver(eqx.Module):
 
         if not bounded:
             def cond(carry):
-                _, k, _, _, done, bad, _, _ = carry
-                return (k < self.max_steps) & ~done & ~bad
+                book = carry[1]
+                return (book[_K] < self.max_steps) & ~stopped(book)
 
-            x, k, r, _, done, _, _, aux = jax.lax.while_loop(cond, body, init)
+            x, book, r, aux = jax.lax.while_loop(cond, body, init)
         else:
             def scan_body(carry, _):
-                stop = carry[4] | carry[5]
+                stop = stopped(carry[1])
                 new = body(carry)
                 keep = lambda old, new: jnp.where(stop, old, new)  # noqa: E731
                 return jax.tree_util.tree_map(keep, carry, new), None
 
-            (x, k, r, _, done, _, _, aux), _ = jax.lax.scan(
+            (x, book, r, aux), _ = jax.lax.scan(
                 scan_body, init, None, length=max(self.max_steps - unrolled, 0))
+        k, done = book[_K].astype(jnp.int32), book[_DONE] > 0
+        r = jnp.max(jnp.abs(r)).astype(dtype) if r.size else jnp.zeros((), dtype)
         if has_aux and self._aux_lags:
             aux = f(x)[1]  # at the returned iterate: one evaluation after the loop
         return x, aux, SolverStats(iterations=k, residual=r, converged=done)
