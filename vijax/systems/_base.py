@@ -271,7 +271,7 @@ class MechanicalSystem(LagrangianSystem):
         """Potential energy ``V(q)``."""
 
     def lagrangian(self, q, v):
-        return 0.5 * jnp.vdot(v, self.mass_matrix(q) @ v) - self.potential(q)
+        return 0.5 * _linalg.mm(v, _linalg.mm(self.mass_matrix(q), v)) - self.potential(q)
 
     def velocity_hessian(self, q, v):
         return self.mass_matrix(q)

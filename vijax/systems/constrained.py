@@ -11,6 +11,7 @@ from typing import ClassVar, Optional
 import jax.numpy as jnp
 from equinox import AbstractClassVar
 
+from .._linalg import mm
 from ._base import HolonomicSystem, MechanicalSystem, PointMassSystem
 
 __all__ = ["AbstractCartesianPendulum", "CartesianPendulum", "PolarPendulum", "SphericalPendulum", "DoublePendulum3D"]
@@ -29,7 +30,7 @@ class AbstractCartesianPendulum(PointMassSystem, HolonomicSystem):
         return self.m * self.gravity * q[-1]
 
     def holonomic(self, q):
-        return jnp.atleast_1d(0.5 * (q @ q - self.l**2))
+        return jnp.atleast_1d(0.5 * (mm(q, q) - self.l**2))
 
 
 class CartesianPendulum(AbstractCartesianPendulum):
