@@ -1,0 +1,108 @@
+"""Per-step cost of two versions of vijax in one process, interleaved call by call.
+
+    git worktree add /tmp/base <commit>
+    python benchmarks/ab_versions.py /tmp/base rattle,kepler,top_exp --rounds 25
+
+The other tree's ``vijax`` package is copied under another name (``vijax_base``; the package
+imports itself only relatively) and imported beside the working tree's.  Each case is
+compiled once per version (``jax.jit`` of ``vj.simulate``, 20000 steps, ten saves), then the
+two executables are called in alternation, ``--rounds`` times each; the script prints the
+minimum and the median per step of each and their ratios (new / base).
+
+Why: single calls on the 2-core benchmark machine fall on speeds up to 2x apart, between
+calls and between processes, so separate runs of each tree need many alternating processes
+to resolve a 10 % change.  Interleaving in one process exposes both versions to the same
+machine state; the ratios repeat to a few per cent.
+
+Cases: ``kepler`` and ``general_kepler`` (``VPRK.gauss(2)``, h = 0.01),
+``double_pendulum`` (``VPRK.gauss(3)``, h = 0.01), ``rattle`` (``HolonomicVPRK.rattle()``,
+planar Cartesian pendulum, h = 0.01),
+``galerkin4`` (``GalerkinVI.gauss(4)``, same), ``top_exp`` and ``top_cayley``
+(``GroupVPRK.gauss(2)`` on the heavy top, inertia (1, 2, 3), h = 0.05, Exp and Cayley).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+CASES = ("kepler", "general_kepler", "double_pendulum", "rattle", "galerkin4", "top_exp",
+         "top_cayley")
+N_STEPS = 20_000
+
+
+def build(vj, case):
+    """``(call, n_steps)``: a compiled ``vj.simulate`` of ``case``, called with its data."""
+    import jax
+    import jax.numpy as jnp
+
+    pend = (jnp.array([np.sin(1.0), -np.cos(1.0)]), jnp.zeros(2))
+    table = {
+        "kepler": (vj.systems.Kepler(), vj.VPRK.gauss(2), 0.01,
+                   (jnp.array([0.5, 0.0]), jnp.array([0.0, np.sqrt(3.0)]))),
+        "general_kepler": (vj.systems.GeneralKepler(), vj.VPRK.gauss(2), 0.01,
+                           (jnp.array([0.5, 0.0]), jnp.array([0.0, np.sqrt(3.0)]))),
+        "double_pendulum": (vj.systems.DoublePendulum(), vj.VPRK.gauss(3), 0.01,
+                            (jnp.array([1.0, 1.5]), jnp.zeros(2))),
+        "rattle": (vj.systems.CartesianPendulum(), vj.HolonomicVPRK.rattle(), 0.01, pend),
+        "galerkin4": (vj.systems.CartesianPendulum(), vj.GalerkinVI.gauss(4), 0.01, pend),
+    }
+    if case.startswith("top_"):
+        top = vj.systems.HeavyTop(inertia=(1.0, 2.0, 3.0), gravity=1.0)
+        integ = (vj.GroupVPRK.gauss(2) if case == "top_exp"
+                 else vj.GroupVPRK.gauss(2, retraction=vj.lie.Cayley()))
+        table[case] = (top, integ, 0.05, (vj.lie.SO3().exp(jnp.array([0.3, -0.2, 0.4])),
+                                          jnp.array([0.3, -0.8, 1.0])))
+    system, integ, h, args = table[case]
+    run = jax.jit(lambda q0, v0: vj.simulate(system, integ, q0=q0, v0=v0, dt=h,
+                                             n_steps=N_STEPS, save_every=N_STEPS // 10).q)
+    exe = run.lower(*args).compile()
+    return (lambda: jax.block_until_ready(exe(*args))), N_STEPS
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("base", help="the other tree (a checkout holding vijax/)")
+    ap.add_argument("cases", help=f"comma-separated subset of {','.join(CASES)}")
+    ap.add_argument("--rounds", type=int, default=15)
+    args = ap.parse_args()
+    cases = args.cases.split(",")
+    unknown = sorted(set(cases) - set(CASES))
+    if unknown:
+        ap.error(f"unknown cases {unknown}; choose from {', '.join(CASES)}")
+    tmp = tempfile.mkdtemp()
+    try:
+        shutil.copytree(os.path.join(args.base, "vijax"), os.path.join(tmp, "vijax_base"))
+        sys.path.insert(0, tmp)
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
+        import vijax as new
+        import vijax_base as base
+
+        for case in cases:
+            (fb, n), (fn, _) = build(base, case), build(new, case)
+            fb(), fn()
+            tb, tn = [], []
+            for _ in range(args.rounds):
+                for f, times in ((fb, tb), (fn, tn)):
+                    t = time.perf_counter()
+                    f()
+                    times.append(time.perf_counter() - t)
+            tb, tn = 1e6 * np.array(tb) / n, 1e6 * np.array(tn) / n
+            print(f"{case:16s} us/step base min {tb.min():6.2f} median {np.median(tb):6.2f} | "
+                  f"new min {tn.min():6.2f} median {np.median(tn):6.2f} | new/base: min "
+                  f"{tn.min() / tb.min():.3f}, median {np.median(tn) / np.median(tb):.3f}",
+                  flush=True)
+    finally:
+        shutil.rmtree(tmp)
+
+
+if __name__ == "__main__":
+    main()
