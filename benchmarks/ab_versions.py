@@ -12,7 +12,8 @@ minimum and the median per step of each and their ratios (new / base).
 Why: single calls on the 2-core benchmark machine fall on speeds up to 2x apart, between
 calls and between processes, so separate runs of each tree need many alternating processes
 to resolve a 10 % change.  Interleaving in one process exposes both versions to the same
-machine state; the ratios repeat to a few per cent.
+machine state; for most programs the ratios repeat to a few per cent between runs (not
+for all: repeat a comparison before trusting it).
 
 Cases: ``kepler`` and ``general_kepler`` (``VPRK.gauss(2)``, h = 0.01),
 ``double_pendulum`` (``VPRK.gauss(3)``, h = 0.01), ``rattle`` (``HolonomicVPRK.rattle()``,
