@@ -99,20 +99,13 @@ def mm(a, b):
 _SMALL_SOLVE = 6
 
 
-def solve(m, b):
-    """``m^{-1} b`` for a square ``m`` (``b`` a vector or a matrix of right-hand sides):
-    Gaussian elimination with partial pivoting, unrolled, for ``n <= 6``; LU otherwise."""
+def _solve_separate(m, r):
+    """The elimination with ``m`` and the right-hand sides ``r`` (2-D) kept apart: fewer
+    kernels than the augmented form for ``n <= 2``."""
     n = m.shape[-1]
-    if m.ndim != 2 or n > _SMALL_SOLVE or b.ndim > 2:
-        return jnp.linalg.solve(m, b)
-    vec = b.ndim == 1
-    # the row operations come from m alone and act linearly on the right-hand side (a
-    # transposable linear map of b)
     a = m
-    r = (b[:, None] if vec else b).astype(m.dtype)
     rows = jnp.arange(n)
     for j in range(n - 1):
-        # pivot: the largest entry on or below the diagonal of column j, swapped into row j
         p = jnp.argmax(jnp.where(rows >= j, jnp.abs(a[:, j]), -1.0))
         swap = ((rows == j).astype(a.dtype) - (rows == p).astype(a.dtype))[:, None]
         a = a - swap * (a[j] - a[p])[None, :]
@@ -126,6 +119,43 @@ def solve(m, b):
         for k in range(i + 1, n):
             acc = acc - a[i, k] * x[k]
         x[i] = acc / a[i, i]
+    return jnp.stack(x)
+
+
+def solve(m, b):
+    """``m^{-1} b`` for a square ``m`` (``b`` a vector or a matrix of right-hand sides):
+    Gaussian elimination with partial pivoting, unrolled, for ``n <= 6``; LU otherwise."""
+    n = m.shape[-1]
+    if m.ndim != 2 or n > _SMALL_SOLVE or b.ndim > 2:
+        return jnp.linalg.solve(m, b)
+    vec = b.ndim == 1
+    r = (b[:, None] if vec else b).astype(m.dtype)
+    if n <= 2:
+        out = _solve_separate(m, r)
+        return out[:, 0] if vec else out
+    # One augmented array [m | b]: each elimination step is one kernel (a pivot search and a
+    # row operation) instead of one for m and one for b, which would share the division by
+    # the pivot (a division used twice is a kernel of its own on XLA:CPU).  The pivots and
+    # factors come from the columns of m alone, so the result is linear in b.
+    aug = jnp.concatenate([m, r], axis=1)
+    rows = jnp.arange(n)
+    for j in range(n - 1):
+        # pivot: the largest entry on or below the diagonal of column j, swapped into row j
+        p = jnp.argmax(jnp.where(rows >= j, jnp.abs(aug[:, j]), -1.0))
+        swap = ((rows == j).astype(m.dtype) - (rows == p).astype(m.dtype))[:, None]
+        aug = aug - swap * (aug[j] - aug[p])[None, :]
+        factors = jnp.where(rows > j, aug[:, j] / aug[j, j], 0.0)[:, None]
+        aug = aug - factors * aug[j][None, :]
+    a, r = aug[:, :n], aug[:, n:]
+    # back substitution with the pivots' reciprocals computed once (one kernel), so that
+    # every row below is products and sums, which fuse
+    dinv = 1.0 / jnp.diagonal(a)
+    x = [None] * n
+    for i in range(n - 1, -1, -1):
+        acc = r[i]
+        for k in range(i + 1, n):
+            acc = acc - a[i, k] * x[k]
+        x[i] = acc * dinv[i]
     out = jnp.stack(x)
     return out[:, 0] if vec else out
 
