@@ -618,3 +618,20 @@ def test_rn_reduces_to_the_vector_space():
 def test_public_names():
     for name in ("SO2", "SO3", "SE2", "SE3", "ProductGroup", "Rn", "Exp", "Cayley"):
         assert name in vj.lie.__all__ and hasattr(vj.lie, name)
+
+
+def test_stacked_coefficients_equal_the_separate_functions_with_derivatives():
+    """``SeriesStack`` (several coefficient functions of ``θ²`` as one fused array) gives the
+    values and first and second derivatives of its functions evaluated one by one, on both
+    sides of the Taylor switch and at 0."""
+    from vijax.lie._so3 import SeriesStack, cos2, halfcot, sin3, sinc
+
+    stack = SeriesStack(sinc, cos2, sin3, halfcot)
+    derivatives = (lambda f: f, jax.jacfwd, lambda f: jax.jacfwd(jax.jacfwd(f)))
+    for s0 in (0.0, 1e-9, 0.3, 0.999999, 1.0, 1.000001, 2.5, 9.0):
+        s = jnp.asarray(s0)
+        for d in derivatives:
+            ours = d(stack)(s)
+            ref = jnp.stack([d(f)(s) for f in stack.functions])
+            assert np.all(np.isfinite(np.asarray(ours)))
+            np.testing.assert_allclose(ours, ref, rtol=1e-14, atol=1e-15)

@@ -24,7 +24,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ._base import AbstractCayleyGroup, AbstractMatrixLieGroup
-from ._so3 import cos2, halfcot, sin3, sinc
+from ._so3 import SeriesStack, cos2, exp_coefficients, halfcot, sin3, sinc
+
+# the coefficients of dexp and dexp^{-1}, each set one kernel (SeriesStack)
+_DEXP = SeriesStack(sinc, cos2, sin3)
+_DEXP_INV = SeriesStack(cos2, sin3, halfcot)
 
 __all__ = ["SE2"]
 
@@ -98,7 +102,7 @@ class SE2(AbstractMatrixLieGroup, AbstractCayleyGroup):
     def exp(self, xi):
         v1, v2, w = xi[0], xi[1], xi[2]
         s = w * w
-        a, b = sinc(s), cos2(s)
+        a, b = exp_coefficients(s)
         # V = a I + b w J
         x = a * v1 - b * w * v2
         y = b * w * v1 + a * v2
@@ -123,7 +127,7 @@ class SE2(AbstractMatrixLieGroup, AbstractCayleyGroup):
     def dexp(self, xi):
         v1, v2, w = xi[0], xi[1], xi[2]
         s = w * w
-        a, b, c = sinc(s), cos2(s), sin3(s)
+        a, b, c = _DEXP(s)
         o, i = jnp.zeros_like(w), jnp.ones_like(w)
         return _rows((a, b * w, c * w * v1 - b * v2),
                      (-b * w, a, b * v1 + c * w * v2),
@@ -132,7 +136,7 @@ class SE2(AbstractMatrixLieGroup, AbstractCayleyGroup):
     def dexp_inv(self, xi):
         v1, v2, w = xi[0], xi[1], xi[2]
         s = w * w
-        b, c, hc = cos2(s), sin3(s), halfcot(s)
+        b, c, hc = _DEXP_INV(s)
         u1 = c * w * v1 - b * v2
         u2 = b * v1 + c * w * v2
         # [[A, u], [0, 1]]^{-1} = [[A^{-1}, -A^{-1} u], [0, 1]], A^{-1} = hc I + (w/2) J

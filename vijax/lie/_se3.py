@@ -30,8 +30,8 @@ import jax.numpy as jnp
 
 from ._base import AbstractCayleyGroup, AbstractMatrixLieGroup
 from ._se2 import rigid_distance
-from ._so3 import (_NTERMS, SO3, SeriesFunction, _skew_sq, cos2, project_rotation, sin3, skew,
-                   unskew)
+from ._so3 import (_NTERMS, SO3, SeriesFunction, _skew_sq, dexp_coefficients, project_rotation,
+                   sin3, skew, unskew)
 
 __all__ = ["SE3"]
 
@@ -141,8 +141,8 @@ class SE3(AbstractMatrixLieGroup, AbstractCayleyGroup):
     def dexp(self, xi):
         v, w = xi[:3], xi[3:]
         s = jnp.dot(w, w)
-        c3 = sin3(s)
-        J = jnp.eye(3, dtype=xi.dtype) - cos2(s) * skew(w) + c3 * _skew_sq(w, s)   # SO(3)'s dexp
+        c2, c3 = dexp_coefficients(s)
+        J = jnp.eye(3, dtype=xi.dtype) - c2 * skew(w) + c3 * _skew_sq(w, s)   # SO(3)'s dexp
         return _blocks(J, _left_jacobian_q(v, w, s, c3), J)
 
     def dexp_inv(self, xi):
