@@ -30,6 +30,7 @@ to ``θ = π``, where the logarithm is not unique and either of ``±π n`` is re
 
 from __future__ import annotations
 
+import abc
 import math
 from fractions import Fraction
 
@@ -65,7 +66,34 @@ def series_where(s, exact, coeffs, threshold=_SMALL):
     return jnp.where(small, _poly(s, coeffs), exact(s_safe))
 
 
-class SeriesFunction:
+class _Coefficient(abc.ABC):
+    """A function of ``s = θ²`` with the derivative rule ``f'(s) ds`` (a
+    :func:`jax.custom_jvp`), where ``f'`` is the subclass's :attr:`derivative`."""
+
+    @abc.abstractmethod
+    def _value(self, s):
+        """The function's value (traced once per call site)."""
+
+    @property
+    @abc.abstractmethod
+    def derivative(self) -> "_Coefficient":
+        """``f'`` as a function of the same kind."""
+
+    def __init__(self):
+        self._derivative = None
+        f = jax.custom_jvp(self._value)
+        f.defjvp(self._jvp)
+        self._f = f
+
+    def _jvp(self, primals, tangents):
+        (s,), (ds,) = primals, tangents
+        return self._f(s), self.derivative(s) * ds
+
+    def __call__(self, s):
+        return self._f(s)
+
+
+class SeriesFunction(_Coefficient):
     """A coefficient function ``f(s)``: :func:`series_where` of its Taylor coefficients in ``s``
     and its closed form, with derivatives given by the same device (a :func:`jax.custom_jvp`):
     ``f'`` is the :class:`SeriesFunction` of the differentiated polynomial and the
@@ -78,10 +106,7 @@ class SeriesFunction:
     def __init__(self, coeffs, exact, threshold=_SMALL):
         self.coeffs = tuple(coeffs) or (0.0,)
         self.exact, self.threshold = exact, threshold
-        self._derivative = None
-        f = jax.custom_jvp(self._value)
-        f.defjvp(self._jvp)
-        self._f = f
+        super().__init__()
 
     def _value(self, s):
         return series_where(s, self.exact, self.coeffs, self.threshold)
@@ -97,13 +122,6 @@ class SeriesFunction:
             self._derivative = SeriesFunction(
                 [k * c for k, c in enumerate(self.coeffs)][1:], d_exact, self.threshold)
         return self._derivative
-
-    def _jvp(self, primals, tangents):
-        (s,), (ds,) = primals, tangents
-        return self._f(s), self.derivative(s) * ds
-
-    def __call__(self, s):
-        return self._f(s)
 
 
 def _bernoulli(n):
@@ -161,8 +179,7 @@ def _halfcot(s):
 halfcot = SeriesFunction(_C_HALFCOT, _halfcot)
 
 
-
-class SeriesStack:
+class SeriesStack(_Coefficient):
     """Several :class:`SeriesFunction` of the same ``s``, evaluated as one stacked array
     (leading axis: the functions).  On XLA:CPU each closed form's ``sqrt``, ``sin`` and
     divisions used by more than one consumer are kernels of their own; with one consumer
@@ -170,10 +187,7 @@ class SeriesStack:
 
     def __init__(self, *functions):
         self.functions = functions
-        self._derivative = None
-        f = jax.custom_jvp(self._value)
-        f.defjvp(self._jvp)
-        self._f = f
+        super().__init__()
 
     def _value(self, s):
         return jnp.stack([fn._value(s) for fn in self.functions])
@@ -183,13 +197,6 @@ class SeriesStack:
         if self._derivative is None:
             self._derivative = SeriesStack(*(fn.derivative for fn in self.functions))
         return self._derivative
-
-    def _jvp(self, primals, tangents):
-        (s,), (ds,) = primals, tangents
-        return self._f(s), self.derivative(s) * ds
-
-    def __call__(self, s):
-        return self._f(s)
 
 
 #: ``(sinc, cos2)`` and ``(cos2, sin3)``: the coefficients of ``exp`` and ``dexp``.
