@@ -99,27 +99,20 @@ def mm(a, b):
 _SMALL_SOLVE = 6
 
 
-def _solve_separate(m, r):
-    """The elimination with ``m`` and the right-hand sides ``r`` (2-D) kept apart: fewer
-    kernels than the augmented form for ``n <= 2``."""
-    n = m.shape[-1]
-    a = m
+def _eliminate(blocks, n):
+    """Gaussian elimination with partial pivoting, unrolled, of the row blocks ``blocks``
+    (arrays of ``n`` rows; pivots and factors from the first ``n`` columns of
+    ``blocks[0]``, the row operations applied to every block)."""
     rows = jnp.arange(n)
     for j in range(n - 1):
-        p = jnp.argmax(jnp.where(rows >= j, jnp.abs(a[:, j]), -1.0))
-        swap = ((rows == j).astype(a.dtype) - (rows == p).astype(a.dtype))[:, None]
-        a = a - swap * (a[j] - a[p])[None, :]
-        r = r - swap * (r[j] - r[p])[None, :]
-        factors = jnp.where(rows > j, a[:, j] / a[j, j], 0.0)[:, None]
-        a = a - factors * a[j][None, :]
-        r = r - factors * r[j][None, :]
-    x = [None] * n
-    for i in range(n - 1, -1, -1):
-        acc = r[i]
-        for k in range(i + 1, n):
-            acc = acc - a[i, k] * x[k]
-        x[i] = acc / a[i, i]
-    return jnp.stack(x)
+        # pivot: the largest entry on or below the diagonal of column j, swapped into row j
+        col = blocks[0][:, j]
+        p = jnp.argmax(jnp.where(rows >= j, jnp.abs(col), -1.0))
+        swap = ((rows == j).astype(col.dtype) - (rows == p).astype(col.dtype))[:, None]
+        blocks = [x - swap * (x[j] - x[p])[None, :] for x in blocks]
+        factors = jnp.where(rows > j, blocks[0][:, j] / blocks[0][j, j], 0.0)[:, None]
+        blocks = [x - factors * x[j][None, :] for x in blocks]
+    return blocks
 
 
 def solve(m, b):
@@ -130,32 +123,27 @@ def solve(m, b):
         return jnp.linalg.solve(m, b)
     vec = b.ndim == 1
     r = (b[:, None] if vec else b).astype(m.dtype)
+    # Kernels on XLA:CPU (a division used twice is a kernel of its own): from n = 3 the
+    # augmented array [m | b] makes each elimination step one kernel instead of one for m and
+    # one for b sharing the division by the pivot, and the back substitution multiplies by
+    # the pivots' reciprocals, computed in one kernel (n = 3, 4, 6: 7, 9, 13 kernels against
+    # 9, 14, 24); for n <= 2 the concatenation and the reciprocals cost more than they save
+    # (3 kernels against 5).  Either way the pivots and factors come from m alone: the result
+    # is linear in b.
     if n <= 2:
-        out = _solve_separate(m, r)
-        return out[:, 0] if vec else out
-    # One augmented array [m | b]: each elimination step is one kernel (a pivot search and a
-    # row operation) instead of one for m and one for b, which would share the division by
-    # the pivot (a division used twice is a kernel of its own on XLA:CPU).  The pivots and
-    # factors come from the columns of m alone, so the result is linear in b.
-    aug = jnp.concatenate([m, r], axis=1)
-    rows = jnp.arange(n)
-    for j in range(n - 1):
-        # pivot: the largest entry on or below the diagonal of column j, swapped into row j
-        p = jnp.argmax(jnp.where(rows >= j, jnp.abs(aug[:, j]), -1.0))
-        swap = ((rows == j).astype(m.dtype) - (rows == p).astype(m.dtype))[:, None]
-        aug = aug - swap * (aug[j] - aug[p])[None, :]
-        factors = jnp.where(rows > j, aug[:, j] / aug[j, j], 0.0)[:, None]
-        aug = aug - factors * aug[j][None, :]
-    a, r = aug[:, :n], aug[:, n:]
-    # back substitution with the pivots' reciprocals computed once (one kernel), so that
-    # every row below is products and sums, which fuse
-    dinv = 1.0 / jnp.diagonal(a)
+        a, r = _eliminate([m, r], n)
+        divide = lambda acc, i: acc / a[i, i]  # noqa: E731
+    else:
+        (aug,) = _eliminate([jnp.concatenate([m, r], axis=1)], n)
+        a, r = aug[:, :n], aug[:, n:]
+        dinv = 1.0 / jnp.diagonal(a)
+        divide = lambda acc, i: acc * dinv[i]  # noqa: E731
     x = [None] * n
     for i in range(n - 1, -1, -1):
         acc = r[i]
         for k in range(i + 1, n):
             acc = acc - a[i, k] * x[k]
-        x[i] = acc * dinv[i]
+        x[i] = divide(acc, i)
     out = jnp.stack(x)
     return out[:, 0] if vec else out
 

@@ -381,7 +381,7 @@ class AbstractRootSolver(eqx.Module):
         aux0 = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype),
                                       jax.eval_shape(lambda y: f(y)[1], x0))
         book0 = jnp.array([0.0, jnp.nan, jnp.nan, jnp.inf, 0.0, 0.0, 0.0], dtype)
-        r0 = jnp.full(jax.eval_shape(lambda y: f(y)[0], x0).shape, jnp.inf, dtype)
+        r0 = jnp.full_like(x0, jnp.inf)   # the flat residual has as many entries as x
         init = (x0, book0, r0, aux0)
         # The first ``min_steps`` updates are straight-line code: a loop iteration costs more
         # than a small system's update on CPU, and a good predictor needs few updates anyway.
@@ -405,7 +405,7 @@ class AbstractRootSolver(eqx.Module):
             (x, book, r, aux), _ = jax.lax.scan(
                 scan_body, init, None, length=max(self.max_steps - unrolled, 0))
         k, done = book[_K].astype(jnp.int32), book[_DONE] > 0
-        r = jnp.max(jnp.abs(r)).astype(dtype) if r.size else jnp.zeros((), dtype)
+        r = jnp.max(jnp.abs(r), initial=0.0)
         if has_aux and self._aux_lags:
             aux = f(x)[1]  # at the returned iterate: one evaluation after the loop
         return x, aux, SolverStats(iterations=k, residual=r, converged=done)
