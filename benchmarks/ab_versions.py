@@ -19,7 +19,11 @@ Cases: ``kepler`` and ``general_kepler`` (``VPRK.gauss(2)``, h = 0.01),
 ``double_pendulum`` (``VPRK.gauss(3)``, h = 0.01), ``rattle`` (``HolonomicVPRK.rattle()``,
 planar Cartesian pendulum, h = 0.01),
 ``galerkin4`` (``GalerkinVI.gauss(4)``, same), ``top_exp`` and ``top_cayley``
-(``GroupVPRK.gauss(2)`` on the heavy top, inertia (1, 2, 3), h = 0.05, Exp and Cayley).
+(``GroupVPRK.gauss(2)`` on the heavy top, inertia (1, 2, 3), h = 0.05, Exp and Cayley);
+``cvt_dg``, ``cvt_dg_system``, ``cvt_dg_newton``, ``cvt_si_dla`` (the CVT gearbox,
+h = 0.1: ``DiscreteGradient.gonzalez()`` with its default solver, with the system's frame,
+with Newton at ``eps/100``; the semi-implicit discrete Lagrange--d'Alembert step) and
+``quartic_dg``, ``quartic_dg_newton`` (the quartic nonholonomic system).
 """
 
 from __future__ import annotations
@@ -34,12 +38,14 @@ import time
 import numpy as np
 
 CASES = ("kepler", "general_kepler", "double_pendulum", "rattle", "galerkin4", "top_exp",
-         "top_cayley")
+         "top_cayley", "cvt_dg", "cvt_dg_system", "cvt_dg_newton", "cvt_si_dla", "quartic_dg",
+         "quartic_dg_newton")
 N_STEPS = 20_000
 
 
 def build(vj, case):
-    """``(call, n_steps)``: a compiled ``vj.simulate`` of ``case``, called with its data."""
+    """``(call, n_steps, executable)``: a compiled ``vj.simulate`` of ``case``, called with
+    its data."""
     import jax
     import jax.numpy as jnp
 
@@ -54,6 +60,16 @@ def build(vj, case):
         "rattle": (vj.systems.CartesianPendulum(), vj.HolonomicVPRK.rattle(), 0.01, pend),
         "galerkin4": (vj.systems.CartesianPendulum(), vj.GalerkinVI.gauss(4), 0.01, pend),
     }
+    if case.startswith(("cvt_", "quartic_")):
+        system = (vj.systems.CVTGearbox() if case.startswith("cvt_")
+                  else vj.systems.QuarticNonholonomic())
+        tol = 0.01 * float(np.finfo(np.float64).eps)
+        integ = {"dg": lambda: vj.DiscreteGradient.gonzalez(),
+                 "dg_system": lambda: vj.DiscreteGradient.gonzalez(frame="system"),
+                 "dg_newton": lambda: vj.DiscreteGradient.gonzalez(
+                     solver=vj.solvers.Newton(rtol=tol, atol=tol)),
+                 "si_dla": vj.DiscreteLagrangeDAlembert.semi_implicit}[case.split("_", 1)[1]]()
+        table[case] = (system, integ, 0.1, system.initial())
     if case.startswith("top_"):
         top = vj.systems.HeavyTop(inertia=(1.0, 2.0, 3.0), gravity=1.0)
         integ = (vj.GroupVPRK.gauss(2) if case == "top_exp"
@@ -64,7 +80,7 @@ def build(vj, case):
     run = jax.jit(lambda q0, v0: vj.simulate(system, integ, q0=q0, v0=v0, dt=h,
                                              n_steps=N_STEPS, save_every=N_STEPS // 10).q)
     exe = run.lower(*args).compile()
-    return (lambda: jax.block_until_ready(exe(*args))), N_STEPS
+    return (lambda: jax.block_until_ready(exe(*args))), N_STEPS, exe
 
 
 def main():
@@ -88,7 +104,7 @@ def main():
         import vijax_base as base
 
         for case in cases:
-            (fb, n), (fn, _) = build(base, case), build(new, case)
+            (fb, n, _), (fn, _, _) = build(base, case), build(new, case)
             fb(), fn()
             tb, tn = [], []
             for _ in range(args.rounds):

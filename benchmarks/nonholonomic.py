@@ -117,7 +117,7 @@ QUICK = {
     ),
     "2": dict(problems=["cvt"], n_steps=2000, h=0.1, save_every=1000, rounds=2,
               n_steps_slow=500, profile_steps=500, profile_updates=4,
-              configs=["si_dla", "dg_gonzalez", "dg_gonzalez_fp"], profile=["dg_gonzalez"]),
+              configs=["si_dla", "dg_gonzalez", "dg_gonzalez_newton"], profile=["dg_gonzalez"]),
     "3": dict(problems=["cvt"], T=20.0, n_save=20, repeats=2, time_budget=1.0,
               h={"lob3": [0.2, 0.1, 0.05], "si_dla": [0.1, 0.01, 0.001]},
               targets=[1e-4, 1e-6]),
@@ -140,30 +140,31 @@ METHODS = {  # key -> (label, factory)
 STEP_CONFIGS = {
     "si_dla": ("SI-DLA (Newton)", DLA.semi_implicit),
     "i_dla": ("I-DLA (Newton)", DLA.implicit),
-    "dg_gonzalez": ("Gonzalez-R, Newton eps/100, QR frame [default]", DG.gonzalez),
-    "dg_gonzalez_sys": ("Gonzalez-R, Newton, system frame", lambda: DG.gonzalez(frame="system")),
+    "dg_gonzalez": ("Gonzalez-R, fixed point eps/100, QR frame [default]", DG.gonzalez),
+    "dg_gonzalez_sys": ("Gonzalez-R, fixed point, system frame", lambda: DG.gonzalez(
+        frame="system")),
+    "dg_gonzalez_newton": ("Gonzalez-R, Newton eps/100, QR frame", lambda: DG.gonzalez(
+        solver=vj.solvers.Newton(rtol=DG_TOL, atol=DG_TOL))),
+    "dg_gonzalez_newton_sys": ("Gonzalez-R, Newton, system frame", lambda: DG.gonzalez(
+        frame="system", solver=vj.solvers.Newton(rtol=DG_TOL, atol=DG_TOL))),
     "dg_gonzalez_sn": ("Gonzalez-R, SimplifiedNewton, QR frame", lambda: DG.gonzalez(
         solver=vj.solvers.SimplifiedNewton(rtol=DG_TOL, atol=DG_TOL))),
-    "dg_gonzalez_fp": ("Gonzalez-R, FixedPoint, QR frame", lambda: DG.gonzalez(
-        solver=vj.solvers.FixedPoint(rtol=DG_TOL, atol=DG_TOL))),
-    "dg_gonzalez_fp_sys": ("Gonzalez-R, FixedPoint, system frame", lambda: DG.gonzalez(
-        frame="system", solver=vj.solvers.FixedPoint(rtol=DG_TOL, atol=DG_TOL))),
-    "dg_avf": ("AVF(12)-R, Newton, QR frame [default]", DG.avf),
-    "dg_avf_fp": ("AVF(12)-R, FixedPoint, QR frame", lambda: DG.avf(
-        solver=vj.solvers.FixedPoint(rtol=DG_TOL, atol=DG_TOL))),
+    "dg_avf": ("AVF(12)-R, fixed point, QR frame [default]", DG.avf),
+    "dg_avf_newton": ("AVF(12)-R, Newton, QR frame", lambda: DG.avf(
+        solver=vj.solvers.Newton(rtol=DG_TOL, atol=DG_TOL))),
     "dg_gonzalez_full": ("Gonzalez-F, Newton [default]", DG.gonzalez_full),
     "lob3": ("NonholonomicVPRK.lobatto(3), fixed point [default]", METHODS["lob3"][1]),
     "lob3_sn": ("NonholonomicVPRK.lobatto(3), SimplifiedNewton", lambda: vj.NonholonomicVPRK.lobatto(
         3, solver=vj.solvers.SimplifiedNewton())),
 }
-SLOW_CONFIGS = ("dg_avf", "dg_avf_fp")
+SLOW_CONFIGS = ("dg_avf", "dg_avf_newton")
 # part 2 profile: the solver each configuration's updates are made of
 PROFILE = {
     "si_dla": ("si_dla", lambda: vj.solvers.Newton()),
-    "dg_gonzalez": ("dg_gonzalez", lambda: vj.solvers.Newton(rtol=DG_TOL, atol=DG_TOL)),
+    "dg_gonzalez": ("dg_gonzalez", lambda: vj.solvers.FixedPoint(rtol=DG_TOL, atol=DG_TOL)),
+    "dg_gonzalez_newton": ("dg_gonzalez", lambda: vj.solvers.Newton(rtol=DG_TOL, atol=DG_TOL)),
     "dg_gonzalez_sn": ("dg_gonzalez", lambda: vj.solvers.SimplifiedNewton(rtol=DG_TOL,
                                                                           atol=DG_TOL)),
-    "dg_gonzalez_fp": ("dg_gonzalez", lambda: vj.solvers.FixedPoint(rtol=DG_TOL, atol=DG_TOL)),
 }
 PEERS = {"tsit5": ("diffrax Tsit5", dfx.Tsit5), "dopri8": ("diffrax Dopri8", dfx.Dopri8)}
 TARGETED = ("lob3", "lob4", "dg_gonzalez", "dg_avf", "dg_gonzalez_full")   # part 1 targets

@@ -149,6 +149,47 @@ SYSTEMS = {
 }
 
 
+@pytest.mark.parametrize("name", ["cvt", "quartic", "sleigh"])
+def test_fixed_point_preconditioner_is_the_linearised_midpoint_step(name):
+    """ReducedForm.linearisation at h = 0.1: ``f`` is the reduced vector field, the
+    ρ-columns of (2/h)(I - P⁻¹) are its ρ-derivative by autodiff, and P makes the step's
+    fixed-point map contract: spectral radius of I - P ∂F/∂ζ' at the root (the Gonzalez
+    residual, Jacobian by jax.jacfwd) measured 0.002 (CVT), 0.0016 (quartic), 7e-6 (sleigh),
+    against 0.06, 0.09, 0.0024 for the plain map; the linearly implicit predictor is within
+    3e-3 of the root (the step moves ζ by 0.04--0.15)."""
+    system, init = SYSTEMS[name]
+    q, v = init(system)
+    n, h = q.shape[0], 0.1
+
+    @jax.jit
+    def quantities(q, v):
+        red = dgm.ReducedForm.at(system, q, "qr")
+        z = jnp.concatenate([q, red.rho(q, system.mass_matrix(q) @ v)])
+        H = lambda y: red.energy(y, n)  # noqa: E731
+
+        def residual(z1):
+            gm, X, Lam = red.gradient_and_bracket(0.5 * (z + z1), n)
+            g = dgm.gonzalez_gradient(H, z, z1, gm, H(z))
+            return z1 - z - h * jnp.concatenate([X @ g[n:], -X.T @ g[:n] + Lam @ g[n:]])
+
+        P, f = red.linearisation(z, n, h)
+        z1 = jax.lax.fori_loop(0, 40, lambda i, y: y - P @ residual(y), z + h * P @ f)
+        J_rho = jax.jacfwd(lambda r: red.vector_field(jnp.concatenate([q, r]), n))(z[n:])
+        return dict(P=P, f=f, field=red.vector_field(z, n), J=jax.jacfwd(residual)(z1),
+                    J_rho=J_rho, r=residual(z1), step=z1 - z, pred=z + h * P @ f - z1)
+
+    o = {k: np.asarray(a) for k, a in quantities(q, v).items()}
+    eye = np.eye(o["P"].shape[0])
+    radius = lambda a: np.max(np.abs(np.linalg.eigvals(a)))  # noqa: E731
+    assert np.max(np.abs(o["r"])) <= 1e-15
+    np.testing.assert_allclose(o["f"], o["field"], atol=1e-15)
+    np.testing.assert_allclose((2 / h) * (eye - np.linalg.inv(o["P"]))[:, n:], o["J_rho"],
+                               atol=1e-13)
+    rate, plain = radius(eye - o["P"] @ o["J"]), radius(eye - o["J"])
+    assert rate <= 0.005 and rate <= plain / 20, (rate, plain)
+    assert np.max(np.abs(o["pred"])) <= 0.05 * np.max(np.abs(o["step"]))
+
+
 @pytest.mark.parametrize("frame", ["qr", "system"])
 @pytest.mark.parametrize("name", list(SYSTEMS))
 def test_reduced_form_is_the_lagrange_dalembert_field(name, frame):
