@@ -23,29 +23,32 @@ small whatever the horizon.
     python examples/cvt_long_run.py --system both         # and the pendulum-driven CVT
     python examples/cvt_long_run.py --quick               # t = 100 (smoke test)
 
-Measured on a shared 2-core CPU (load 4-6, every method compiled once per run):
-the default run (CVTGearbox, 6 methods, 5·10⁵ steps each) 8 min 5 s wall (AVF-R 259 s,
-GONZALEZ-R 99 s, Lobatto-3 75 s, Lobatto-2 34 s, GONZALEZ-F 10 s, SI-DLA 4 s; 0.7 GB peak
-memory); `--quick` 28 s.  The default run prints (maxima over the states saved every 100 steps)
+Measured on a shared 2-core CPU (every method compiled once per run), beside a test run
+(load 2-3): the default run (CVTGearbox, 6 methods, 5·10⁵ steps each) integrates in 86 s
+(AVF-R 45.5 s, GONZALEZ-R 12.7 s, GONZALEZ-F 8.8 s, Lobatto-3 8.4 s, Lobatto-2 7.7 s, SI-DLA
+2.8 s), against 8 min 5 s at load 4-6 before the discrete gradients' default solver became the
+preconditioned fixed point (AVF-R 259 s, GONZALEZ-R 99 s with Newton); `--quick` 28 s.  The
+default run prints (maxima over the states saved every 100 steps)
 
     method         max |ΔE|    max |Φ|  seconds  solves
-    Lobatto-2      8.47e-03   5.55e-17     34.3  all converged
-    Lobatto-3      1.18e-03   3.10e-14     75.0  all converged
-    AVF-R          1.11e-09   2.78e-16    259.0  all converged
-    GONZALEZ-R     9.57e-10   6.66e-16     99.1  all converged
-    GONZALEZ-F     6.24e-10   1.02e+00     10.2  not converged from step 29968 (96 of 5000
+    Lobatto-2      8.47e-03   1.11e-16      7.7  all converged
+    Lobatto-3      1.18e-03   1.36e-14      8.4  all converged
+    AVF-R          1.25e-09   1.67e-16     45.5  all converged
+    GONZALEZ-R     4.66e-10   3.33e-16     12.7  all converged
+    GONZALEZ-F     6.24e-10   1.02e+00      8.8  not converged from step 29968 (96 of 5000
                                                  saved blocks; max residual 1.5e-10)
-    SI-DLA         1.53e-01   5.55e-17      3.8  all converged
+    SI-DLA         1.53e-01   5.55e-17      2.8  all converged
 
-`--system pendulum` (the low regime, ε = 1/2, to t = 5·10⁴) takes 8 min 0 s and prints
+`--system pendulum` (the low regime, ε = 1/2, to t = 5·10⁴) integrates in 80 s (8 min 0 s
+before) and prints
 
     method         max |ΔE|    max |Φ|  seconds  solves
-    Lobatto-2      1.32e-02   1.11e-16     40.7  all converged
-    Lobatto-3      1.25e-05   1.67e-16     80.9  all converged
-    AVF-R          2.39e-13   6.66e-16    254.5  all converged
-    GONZALEZ-R     3.49e-13   6.66e-16     87.1  all converged
-    GONZALEZ-F     1.39e-13   1.24e-02      9.2  all converged
-    SI-DLA         1.14e-02   1.11e-16      4.0  all converged
+    Lobatto-2      1.32e-02   2.22e-16      9.9  all converged
+    Lobatto-3      1.25e-05   2.85e-15      7.6  all converged
+    AVF-R          4.33e-13   4.44e-16     38.2  all converged
+    GONZALEZ-R     7.06e-13   5.55e-16     13.5  all converged
+    GONZALEZ-F     1.39e-13   1.24e-02      8.3  all converged
+    SI-DLA         1.14e-02   1.11e-16      2.7  all converged
 
 On the gearbox Lobatto-2 keeps energy error and constraint bounded; Lobatto-3's energy error
 grows steadily (4.6e-6 at t = 100; the pendulum rotates and is asymmetric, see
