@@ -22,8 +22,9 @@ planar Cartesian pendulum, h = 0.01),
 (``GroupVPRK.gauss(2)`` on the heavy top, inertia (1, 2, 3), h = 0.05, Exp and Cayley);
 ``cvt_dg``, ``cvt_dg_system``, ``cvt_dg_newton``, ``cvt_si_dla`` (the CVT gearbox,
 h = 0.1: ``DiscreteGradient.gonzalez()`` with its default solver, with the system's frame,
-with Newton at ``eps/100``; the semi-implicit discrete Lagrange--d'Alembert step) and
-``quartic_dg``, ``quartic_dg_newton`` (the quartic nonholonomic system).
+with Newton at ``eps/100``; the semi-implicit discrete Lagrange--d'Alembert step;
+``NonholonomicVPRK.lobatto(3)``) and ``quartic_dg``, ``quartic_dg_newton``,
+``quartic_lobatto3`` (the quartic nonholonomic system).
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ import time
 import numpy as np
 
 CASES = ("kepler", "general_kepler", "double_pendulum", "rattle", "galerkin4", "top_exp",
-         "top_cayley", "cvt_dg", "cvt_dg_system", "cvt_dg_newton", "cvt_si_dla", "quartic_dg",
-         "quartic_dg_newton")
+         "top_cayley", "cvt_dg", "cvt_dg_system", "cvt_dg_newton", "cvt_si_dla", "cvt_lobatto3",
+         "quartic_dg", "quartic_dg_newton", "quartic_lobatto3")
 N_STEPS = 20_000
 
 
@@ -68,7 +69,8 @@ def build(vj, case):
                  "dg_system": lambda: vj.DiscreteGradient.gonzalez(frame="system"),
                  "dg_newton": lambda: vj.DiscreteGradient.gonzalez(
                      solver=vj.solvers.Newton(rtol=tol, atol=tol)),
-                 "si_dla": vj.DiscreteLagrangeDAlembert.semi_implicit}[case.split("_", 1)[1]]()
+                 "si_dla": vj.DiscreteLagrangeDAlembert.semi_implicit,
+                 "lobatto3": lambda: vj.NonholonomicVPRK.lobatto(3)}[case.split("_", 1)[1]]()
         table[case] = (system, integ, 0.1, system.initial())
     if case.startswith("top_"):
         top = vj.systems.HeavyTop(inertia=(1.0, 2.0, 3.0), gravity=1.0)
