@@ -295,6 +295,14 @@ class AbstractRootSolver(eqx.Module):
         ``"gpu"``)."""
         return {"cpu": 0, "gpu": 0}
 
+    def tolerances(self, dtype) -> tuple[float, float]:
+        """``(rtol, atol)`` for iterates of ``dtype``: the given ones, :func:`default_tolerance`
+        where ``None``.  An increment is measured in units of ``atol + rtol |x_i|``, the unit
+        of ``stall_level`` (:meth:`solve`)."""
+        tol = default_tolerance(dtype)
+        return (tol if self.rtol is None else self.rtol,
+                tol if self.atol is None else self.atol)
+
     def straight_line_updates(self) -> int:
         """The updates run as straight-line code before the loop: ``min_steps``, or when that
         is ``None`` the default for the backend (:func:`jax.default_backend`)."""
@@ -317,9 +325,7 @@ class AbstractRootSolver(eqx.Module):
         fixed-length scan (differentiable by unrolling) instead of a ``while_loop``.
         ``stall_level``: see :meth:`solve`."""
         dtype = x0.dtype
-        tol = default_tolerance(dtype)
-        rtol = tol if self.rtol is None else self.rtol
-        atol = tol if self.atol is None else self.atol
+        rtol, atol = self.tolerances(dtype)
         update = self._make_update(f, x0, precond)
         noise_floor = (_NOISE_FLOOR if stall_level is None else
                        jnp.maximum(_NOISE_FLOOR, jax.lax.stop_gradient(stall_level)).astype(dtype))

@@ -55,7 +55,7 @@ from .._linalg import mm
 from ..constraints import check_nonholonomic_consistent
 from .._typing import ScalarLike, Vector
 from ..quadrature import gauss_quadrature
-from ..solvers import AbstractRootSolver, FixedPoint, Newton, SolverStats, default_tolerance
+from ..solvers import AbstractRootSolver, FixedPoint, Newton, SolverStats
 from ..systems import ForcedSystem, MechanicalSystem, NonholonomicSystem
 from ._base import AbstractIntegrator, AbstractState, IncompatibleSystemError, accepting
 
@@ -129,9 +129,12 @@ def avf_gradient(H: Callable, x: Vector, x1: Vector, nodes: int = 8,
     return b @ jax.vmap(grad)(pts)
 
 
-def _gonzalez_cut(dtype) -> float:
-    """``eps^(1/3)``: below ``|Δ| = eps^(1/3) (1 + |x|)`` Gonzalez's correction is dropped."""
-    return float(jnp.finfo(dtype).eps) ** (1.0 / 3.0)
+def _quotient_cut(kind: str, dtype) -> float:
+    """The relative increment below which a discrete gradient drops its difference quotient:
+    ``eps^(1/3)`` for Gonzalez (the midpoint gradient then keeps ``H(x') - H(x)`` to
+    ``O(|Δ|³)``, below round-off), ``1e-10`` per coordinate for Itoh--Abe (dropping its
+    quotients costs ``O(Δ_i²)`` of energy)."""
+    return float(jnp.finfo(dtype).eps) ** (1.0 / 3.0) if kind == "gonzalez" else 1e-10
 
 
 def gonzalez_gradient(H: Callable, x: Vector, x1: Vector, grad_mid: Optional[Vector] = None,
@@ -150,7 +153,7 @@ def gonzalez_gradient(H: Callable, x: Vector, x1: Vector, grad_mid: Optional[Vec
     hx = H(x) if H_x is None else H_x
     d = x1 - x
     dd = jnp.sum(d ** 2)
-    small = dd <= (_gonzalez_cut(x.dtype) * (1.0 + jnp.sqrt(jnp.sum(x ** 2)))) ** 2
+    small = dd <= (_quotient_cut("gonzalez", x.dtype) * (1.0 + jnp.sqrt(jnp.sum(x ** 2)))) ** 2
     safe = jnp.where(small, 1.0, dd)
     corr = (H(x1) - hx - g @ d) / safe
     return g + jnp.where(small, 0.0, corr) * d
@@ -170,22 +173,22 @@ def itoh_abe_gradient(H: Callable, x: Vector, x1: Vector, grad: Optional[Callabl
     corners = x[None, :] + lower * (x1 - x)[None, :]
     values = jax.vmap(H)(corners)
     d = x1 - x
-    small = jnp.abs(d) <= 1e-10 * (1.0 + jnp.abs(x))
+    small = jnp.abs(d) <= _quotient_cut("itoh_abe", x.dtype) * (1.0 + jnp.abs(x))
     safe = jnp.where(small, 1.0, d)
     quotient = (values[1:] - values[:-1]) / safe
     partial = jnp.sum(jax.vmap(grad)(corners[:-1]) * eye, axis=1)
     return jnp.where(small, partial, quotient)
 
 
-def quotient_round_off(H_x: Vector, d: Vector, x: Vector, h: ScalarLike, tol: float,
-                       cut: float = 1e-10):
+def quotient_round_off(kind: str, H_x: Vector, d: Vector, x: Vector, h: ScalarLike,
+                       tol: float):
     """The round-off level, in multiples of ``tol``, of a step's residual through the
-    difference quotients of the Gonzalez and Itoh--Abe gradients: ``H(x') - H(x)`` carries
-    about ``eps (1 + |H|)`` of round-off, which the quotient divides by the increment
-    ``|Δ|`` (down to the ``cut (1 + |x|)`` below which the quotient is dropped: ``1e-10``
-    for Itoh--Abe, ``eps^(1/3)`` for Gonzalez) and the
-    step multiplies by ``h``; a factor 10 covers the amplification through ``Π`` and the
-    preconditioner.  ``d`` is the predicted increment.
+    difference quotients of the ``kind`` (``"gonzalez"`` or ``"itoh_abe"``) discrete
+    gradient: ``H(x') - H(x)`` carries about ``eps (1 + |H|)`` of round-off, which the
+    quotient divides by the increment (Gonzalez: ``|Δ|``; Itoh--Abe: the smallest coordinate
+    increment, each coordinate having its own quotient), down to the size below which it is
+    dropped (:func:`_quotient_cut`), and the step multiplies by ``h``.  ``d`` is the
+    predicted increment.
 
     Passed to the stage solver as ``stall_level`` (:meth:`vijax.solvers.AbstractRootSolver.solve`):
     at the usual increments it is below the solver's default level (1000) and changes nothing;
@@ -195,8 +198,12 @@ def quotient_round_off(H_x: Vector, d: Vector, x: Vector, h: ScalarLike, tol: fl
     and 194 of 2000 steps failed at the iteration cap without this level (259 with
     Gonzalez's former cut at ``1e-10``)."""
     eps = jnp.finfo(x.dtype).eps
-    size = jnp.maximum(jnp.max(jnp.abs(d)), cut * (1.0 + jnp.max(jnp.abs(x))))
-    return 10.0 * eps * jnp.abs(h) * (1.0 + jnp.abs(H_x)) / (size * tol)
+    cut = _quotient_cut(kind, x.dtype)
+    if kind == "gonzalez":   # one quotient along Δ
+        size = jnp.maximum(jnp.max(jnp.abs(d)), cut * (1.0 + jnp.max(jnp.abs(x))))
+    else:                    # one per coordinate: the smallest increment not cut
+        size = jnp.min(jnp.maximum(jnp.abs(d), cut * (1.0 + jnp.abs(x))))
+    return eps * jnp.abs(h) * (1.0 + jnp.abs(H_x)) / (size * tol)
 
 
 def _discrete_gradient(kind, H, x, x1, nodes, grad=None, grad_mid=None, H_x=None):
@@ -247,10 +254,7 @@ def _metric_solve(g: Float[Array, "m m"], rho: Vector) -> Vector:
     unrolls up to ``m = 6``, which made the step on the quartic system (m = 6) slower, with
     Newton 830--860 against 590--610 µs and with the preconditioned fixed point 70 against
     63 µs."""
-    m = g.shape[-1]
-    if m <= 3:
-        return _linalg.mm(_linalg.inv(g), rho)
-    return jnp.linalg.solve(g, rho)
+    return mm(_linalg.inv(g), rho) if g.shape[-1] <= 3 else jnp.linalg.solve(g, rho)
 
 
 class ReducedForm(eqx.Module):
@@ -378,7 +382,7 @@ class ReducedForm(eqx.Module):
             gq = g[:n] if F is None else g[:n] - F
             return jnp.concatenate([mm(X, g[n:]), -mm(gq, X) + mm(Lam, g[n:])])
 
-        Jr, f = jax.jacfwd(lambda r: (field(r), field(r)), has_aux=True)(rho)
+        Jr, f = jax.jacfwd(lambda r: (lambda y: (y, y))(field(r)), has_aux=True)(rho)
         m = X.shape[1]
         a = 0.5 * h
         Jq = a * jax.hessian(self.system.potential)(q)
@@ -664,11 +668,8 @@ class DiscreteGradient(AbstractLinearNonholonomicMethod):
         P, f = red.linearisation(z, n, h, F0, dF, at)
         d0 = h * mm(P, f)
         solver = self._solver(q.dtype)
-        level = None
-        if self.gradient != "avf":
-            tol = default_tolerance(q.dtype) if solver.atol is None else solver.atol
-            cut = _gonzalez_cut(q.dtype) if self.gradient == "gonzalez" else 1e-10
-            level = quotient_round_off(H0, d0, z, h, tol, cut)
+        level = (None if self.gradient == "avf" else       # AVF has no difference quotient
+                 quotient_round_off(self.gradient, H0, d0, z, h, solver.tolerances(q.dtype)[1]))
         z1, stats = solver.solve(residual, z + d0, lambda r: mm(P, r), stall_level=level)
         q1, rho1 = z1[:n], z1[n:]
         v1 = red.velocity(q1, rho1)
