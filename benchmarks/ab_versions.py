@@ -22,7 +22,8 @@ planar Cartesian pendulum, h = 0.01),
 (``GroupVPRK.gauss(2)`` on the heavy top, inertia (1, 2, 3), h = 0.05, Exp and Cayley);
 ``cvt_dg``, ``cvt_dg_system``, ``cvt_dg_newton``, ``cvt_si_dla`` (the CVT gearbox,
 h = 0.1: ``DiscreteGradient.gonzalez()`` with its default solver, with the system's frame,
-with Newton at ``eps/100``; the semi-implicit discrete Lagrange--d'Alembert step;
+with Newton at ``eps/100``; ``cvt_avf``, ``cvt_avf_system``: ``DiscreteGradient.avf()``
+with the QR and the system's frame; the semi-implicit discrete Lagrange--d'Alembert step;
 ``NonholonomicVPRK.lobatto(3)``) and ``quartic_dg``, ``quartic_dg_newton``,
 ``quartic_lobatto3`` (the quartic nonholonomic system).
 """
@@ -39,7 +40,8 @@ import time
 import numpy as np
 
 CASES = ("kepler", "general_kepler", "double_pendulum", "rattle", "galerkin4", "top_exp",
-         "top_cayley", "cvt_dg", "cvt_dg_system", "cvt_dg_newton", "cvt_si_dla", "cvt_lobatto3",
+         "top_cayley", "cvt_dg", "cvt_dg_system", "cvt_dg_newton", "cvt_avf", "cvt_avf_system", "cvt_si_dla",
+         "cvt_lobatto3",
          "quartic_dg", "quartic_dg_newton", "quartic_lobatto3")
 N_STEPS = 20_000
 
@@ -67,6 +69,8 @@ def build(vj, case):
         tol = 0.01 * float(np.finfo(np.float64).eps)
         integ = {"dg": lambda: vj.DiscreteGradient.gonzalez(),
                  "dg_system": lambda: vj.DiscreteGradient.gonzalez(frame="system"),
+                 "avf": lambda: vj.DiscreteGradient.avf(),
+                 "avf_system": lambda: vj.DiscreteGradient.avf(frame="system"),
                  "dg_newton": lambda: vj.DiscreteGradient.gonzalez(
                      solver=vj.solvers.Newton(rtol=tol, atol=tol)),
                  "si_dla": vj.DiscreteLagrangeDAlembert.semi_implicit,
