@@ -190,6 +190,60 @@ def test_fixed_point_preconditioner_is_the_linearised_midpoint_step(name):
     assert np.max(np.abs(o["pred"])) <= 0.05 * np.max(np.abs(o["step"]))
 
 
+@pytest.mark.parametrize("name", ["cvt", "quartic", "sleigh"])
+def test_linearisation_at_the_extrapolated_midpoint(name):
+    """The step's predictor and preconditioner: the midpoint step linearised at
+    ζ̂ = ζ + (h/2) ζ̇, ζ̇ the mean rate of the previous step, predicts
+    d = h ζ̇ + h P (F(ζ̂) - ζ̇).  Against the linearisation at ζ, at ten states of a
+    trajectory (h = 0.1, every sixth step; Gonzalez residual, Jacobian by jax.jacfwd),
+    measured: the predictor 5.7-75x closer to the root on the CVT (median 16), 1.6-26x on
+    the quartic system (median 8), 165-178x on the sleigh; the contraction factor (spectral
+    radius of I - P ∂F/∂ζ' at the root) 0.3-2.7e-3 against 1.1-5.4e-3 (CVT), 0.6-5.5e-3
+    against 1.2-6.1e-3 (quartic), 2.4-2.6e-8 against 5.0-6.4e-6 (sleigh); never larger."""
+    system, init = SYSTEMS[name]
+    q, v = init(system)
+    n, h = q.shape[0], 0.1
+    red = dgm.ReducedForm.at(system, q, "qr")
+    H = lambda y: red.energy(y, n)  # noqa: E731
+
+    def residual_at(z):
+        def residual(z1):
+            gm, X, Lam = red.gradient_and_bracket(0.5 * (z + z1), n)
+            g = dgm.gonzalez_gradient(H, z, z1, gm, H(z))
+            return z1 - z - h * jnp.concatenate([X @ g[n:], -X.T @ g[:n] + Lam @ g[n:]])
+        return residual
+
+    def step(z, zdot):
+        P, f = red.linearisation(z + 0.5 * h * zdot, n, h)
+        r = residual_at(z)
+        z1 = jax.lax.fori_loop(0, 40, lambda i, y: y - P @ r(y), z + h * zdot + h * P @ (f - zdot))
+        return z1, (z1 - z) / h
+
+    @jax.jit
+    def run(z, zdot):
+        def six(carry, _):
+            z, zdot = jax.lax.fori_loop(0, 5, lambda i, c: step(*c), carry)
+            z1, _ = step(z, zdot)
+            J = jax.jacfwd(residual_at(z))(z1)
+            Ps, fs = red.linearisation(z, n, h)
+            Pe, fe = red.linearisation(z + 0.5 * h * zdot, n, h)
+            out = dict(residual=residual_at(z)(z1), J=J, Ps=Ps, Pe=Pe,
+                       start=z + h * Ps @ fs - z1,
+                       extrapolated=z + h * zdot + h * Pe @ (fe - zdot) - z1)
+            return step(z, zdot), out
+        return jax.lax.scan(six, (z, zdot), None, length=10)[1]
+
+    z = jnp.concatenate([q, red.rho(q, system.mass_matrix(q) @ v)])
+    o = {k: np.asarray(a) for k, a in run(z, red.vector_field(z, n)).items()}
+    assert np.max(np.abs(o["residual"])) <= 1e-15
+    closer = np.max(np.abs(o["start"]), 1) / np.max(np.abs(o["extrapolated"]), 1)
+    assert np.min(closer) >= 1.5 and np.median(closer) >= 5, closer
+    eye = np.eye(o["J"].shape[1])
+    radius = lambda a: np.max(np.abs(np.linalg.eigvals(a)), -1)  # noqa: E731
+    rate_start, rate = radius(eye - o["Ps"] @ o["J"]), radius(eye - o["Pe"] @ o["J"])
+    assert np.all(rate <= rate_start) and np.max(rate) <= 6e-3, (rate, rate_start)
+
+
 @pytest.mark.parametrize("frame", ["qr", "system"])
 @pytest.mark.parametrize("name", list(SYSTEMS))
 def test_reduced_form_is_the_lagrange_dalembert_field(name, frame):
