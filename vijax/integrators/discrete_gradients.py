@@ -129,31 +129,45 @@ def avf_gradient(H: Callable, x: Vector, x1: Vector, nodes: int = 8,
     return b @ jax.vmap(grad)(pts)
 
 
-def _quotient_cut(kind: str, dtype) -> float:
-    """The relative increment below which a discrete gradient drops its difference quotient:
-    ``eps^(1/3)`` for Gonzalez (the midpoint gradient then keeps ``H(x') - H(x)`` to
-    ``O(|Δ|³)``, below round-off), ``1e-10`` per coordinate for Itoh--Abe (dropping its
-    quotients costs ``O(Δ_i²)`` of energy)."""
-    return float(jnp.finfo(dtype).eps) ** (1.0 / 3.0) if kind == "gonzalez" else 1e-10
+def _energy_round_off(x: Vector):
+    """The round-off of an energy difference ``H(x') - H(x)`` near ``x``, relative to the
+    energy scale: ``eps (1 + |x|_∞)``.  ``H`` is evaluated at arguments each known to
+    ``eps |x_i|``, so a large coordinate (a pendulum angle that has run away: ``q3 = -1.9e4``
+    on the CVT gearbox at ``t = 1.2e4``) carries its round-off into every energy."""
+    return jnp.finfo(x.dtype).eps * (1.0 + jnp.max(jnp.abs(x)))
+
+
+def _quotient_cut(kind: str, x: Vector):
+    """The increment below which a discrete gradient drops its difference quotient.
+    Gonzalez: ``|Δ| <= (24 eps (1 + |x|_∞))^(1/3)``, where the energy the midpoint gradient
+    loses, ``H(x') - H(x) - ∇H(x̄)·Δ = D³H(x̄)[Δ, Δ, Δ] / 24 + O(|Δ|⁵)``, falls below the
+    round-off of the energy difference (:func:`_energy_round_off`) that the quotient divides
+    by ``|Δ|`` (third derivatives of order one).  Itoh--Abe, per coordinate:
+    ``|Δ_i| <= 1e-10 (1 + |x_i|)`` (dropping a quotient costs ``O(Δ_i²)`` of energy)."""
+    if kind == "gonzalez":
+        return (24.0 * _energy_round_off(x)) ** (1.0 / 3.0)
+    return 1e-10 * (1.0 + jnp.abs(x))
 
 
 def gonzalez_gradient(H: Callable, x: Vector, x1: Vector, grad_mid: Optional[Vector] = None,
                       H_x: Optional[Vector] = None) -> Vector:
     """Gonzalez's midpoint discrete gradient (eq. (12)):
     ``∇H(x̄) + [H(x') - H(x) - ∇H(x̄)·Δ] Δ / |Δ|²``, and ``∇H(x̄)`` when ``|Δ|`` is below
-    ``eps^(1/3) (1 + |x|)``.  Below that size the bracket's round-off, about ``eps |H|``,
-    divided by ``|Δ|`` exceeds what dropping the correction costs: the midpoint gradient
-    keeps ``H(x') - H(x)`` to ``O(|Δ|³)``, which is below ``eps`` there.  (With the cut at
-    ``1e-10 (1 + |x|)`` a damped CVT coming to rest, 3000 steps of h = 0.1, had 0--2 solves
-    per 3000 stop at the iteration cap in the round-off of the quotient; with this cut none,
-    and 4.1 instead of 4.9 updates per step.)  ``grad_mid`` and ``H_x`` are ``∇H(x̄)`` and
-    ``H(x)`` when already known."""
+    ``(24 eps (1 + |x|_∞))^(1/3)`` (:func:`_quotient_cut`).  Below that size the bracket's
+    round-off, about ``eps (1 + |x|_∞)`` in units of the energy, divided by ``|Δ|`` exceeds
+    what dropping the correction costs: the midpoint gradient keeps ``H(x') - H(x)`` to
+    ``|Δ|³/24``, below that round-off there.  (With the cut at ``1e-10 (1 + |x|)`` a damped
+    CVT coming to rest, 3000 steps of h = 0.1, had 0--2 solves per 3000 stop at the iteration
+    cap in the round-off of the quotient; with this one none.  A cut at
+    ``eps^(1/3) (1 + |x|)``, linear in ``|x|``, dropped the correction at every step once the
+    CVT's pendulum angle had run to ``|q3| = 1.9e4``: energy error 6e-3 in 3000 steps.)
+    ``grad_mid`` and ``H_x`` are ``∇H(x̄)`` and ``H(x)`` when already known."""
     mid = 0.5 * (x + x1)
     g = jax.grad(H)(mid) if grad_mid is None else grad_mid
     hx = H(x) if H_x is None else H_x
     d = x1 - x
     dd = jnp.sum(d ** 2)
-    small = dd <= (_quotient_cut("gonzalez", x.dtype) * (1.0 + jnp.sqrt(jnp.sum(x ** 2)))) ** 2
+    small = dd <= _quotient_cut("gonzalez", x) ** 2
     safe = jnp.where(small, 1.0, dd)
     corr = (H(x1) - hx - g @ d) / safe
     return g + jnp.where(small, 0.0, corr) * d
@@ -173,7 +187,7 @@ def itoh_abe_gradient(H: Callable, x: Vector, x1: Vector, grad: Optional[Callabl
     corners = x[None, :] + lower * (x1 - x)[None, :]
     values = jax.vmap(H)(corners)
     d = x1 - x
-    small = jnp.abs(d) <= _quotient_cut("itoh_abe", x.dtype) * (1.0 + jnp.abs(x))
+    small = jnp.abs(d) <= _quotient_cut("itoh_abe", x)
     safe = jnp.where(small, 1.0, d)
     quotient = (values[1:] - values[:-1]) / safe
     partial = jnp.sum(jax.vmap(grad)(corners[:-1]) * eye, axis=1)
@@ -182,28 +196,41 @@ def itoh_abe_gradient(H: Callable, x: Vector, x1: Vector, grad: Optional[Callabl
 
 def quotient_round_off(kind: str, H_x: Vector, d: Vector, x: Vector, h: ScalarLike,
                        tol: float):
-    """The round-off level, in multiples of ``tol``, of a step's residual through the
-    difference quotients of the ``kind`` (``"gonzalez"`` or ``"itoh_abe"``) discrete
-    gradient: ``H(x') - H(x)`` carries about ``eps (1 + |H|)`` of round-off, which the
-    quotient divides by the increment (Gonzalez: ``|Δ|``; Itoh--Abe: the smallest coordinate
-    increment, each coordinate having its own quotient), down to the size below which it is
-    dropped (:func:`_quotient_cut`), and the step multiplies by ``h``.  ``d`` is the
-    predicted increment.
+    """The round-off level, in multiples of ``tol``, of a step's residual ``ζ' - ζ - h Π ∇̄H``.
+
+    Two sources.  The coordinates: the residual is evaluated at iterates each known to
+    ``eps |x_i|``, and the force carries the round-off of the largest coordinate into all
+    rows, about ``eps (1 + |x|_∞)`` against the smallest row's tolerance ``tol``.  The
+    difference quotients of the ``kind`` (``"gonzalez"`` or ``"itoh_abe"``; ``"avf"`` has
+    none): ``H(x') - H(x)`` carries about ``(1 + |H|)`` times :func:`_energy_round_off`,
+    which the quotient divides by the increment (Gonzalez: ``|Δ|``; Itoh--Abe: the smallest
+    coordinate increment, each coordinate having its own quotient), down to the size below
+    which it is dropped (:func:`_quotient_cut`), and the step multiplies by ``h``.  ``d`` is
+    the predicted increment.
 
     Passed to the stage solver as ``stall_level`` (:meth:`vijax.solvers.AbstractRootSolver.solve`):
-    at the usual increments it is below the solver's default level (1000) and changes nothing;
-    where the motion comes to rest it rises with ``1/|Δ|``.  Measured on the CVT gearbox with
-    the damping ``F = -0.1 v`` (h = 0.1): from t = 155 on the increments of the fixed point
-    wandered at 1e-14 ... 1e-13 (residual up to 1e-13) where the default level is 2e-15,
-    and 194 of 2000 steps failed at the iteration cap without this level (259 with
-    Gonzalez's former cut at ``1e-10``)."""
+    at the usual increments and coordinates it is below the solver's default level (1000)
+    and changes nothing.  Where the motion comes to rest the quotients' part rises with
+    ``1/|Δ|``: on the CVT gearbox with the damping ``F = -0.1 v`` (h = 0.1) from t = 155 on
+    the increments of the fixed point wandered at 1e-14 ... 1e-13 (residual up to 1e-13)
+    where the default level is 2e-15, and 194 of 2000 steps failed at the iteration cap
+    without this level.  Where a coordinate has run away the coordinates' part rises: on the
+    CVT run to t = 5e4 (``examples/cvt_long_run.py``, the pendulum angle reaching
+    ``|q3| = 7.5e4``) the solver's own level, relative to its first increment, fell below the
+    increments' noise once the predictor had become accurate, and AVF-R (no quotient) had
+    failed solves in 6 of 5000 saved blocks from step 273314 on (``|q3| = 4.4e4``) without
+    this part; none with it."""
     eps = jnp.finfo(x.dtype).eps
-    cut = _quotient_cut(kind, x.dtype)
+    coordinates = eps * (1.0 + jnp.max(jnp.abs(x))) / tol
+    if kind == "avf":
+        return coordinates
+    cut = _quotient_cut(kind, x)
     if kind == "gonzalez":   # one quotient along Δ
-        size = jnp.maximum(jnp.max(jnp.abs(d)), cut * (1.0 + jnp.max(jnp.abs(x))))
+        size = jnp.maximum(jnp.max(jnp.abs(d)), cut)
     else:                    # one per coordinate: the smallest increment not cut
-        size = jnp.min(jnp.maximum(jnp.abs(d), cut * (1.0 + jnp.abs(x))))
-    return eps * jnp.abs(h) * (1.0 + jnp.abs(H_x)) / (size * tol)
+        size = jnp.min(jnp.maximum(jnp.abs(d), cut))
+    quotient = _energy_round_off(x) * jnp.abs(h) * (1.0 + jnp.abs(H_x)) / (size * tol)
+    return jnp.maximum(coordinates, quotient)
 
 
 def _discrete_gradient(kind, H, x, x1, nodes, grad=None, grad_mid=None, H_x=None):
@@ -683,8 +710,7 @@ class DiscreteGradient(AbstractLinearNonholonomicMethod):
         P, f = red.linearisation(z + (0.5 * h) * zdot, n, h, F0, dF)
         d0 = h * zdot + h * mm(P, f - zdot)
         solver = self._solver(q.dtype)
-        level = (None if self.gradient == "avf" else       # AVF has no difference quotient
-                 quotient_round_off(self.gradient, H0, d0, z, h, solver.tolerances(q.dtype)[1]))
+        level = quotient_round_off(self.gradient, H0, d0, z, h, solver.tolerances(q.dtype)[1])
         z1, stats = solver.solve(residual, z + d0, lambda r: mm(P, r), stall_level=level)
         q1, rho1 = z1[:n], z1[n:]
         v1 = red.velocity(q1, rho1)
