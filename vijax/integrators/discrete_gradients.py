@@ -143,10 +143,12 @@ def _quotient_cut(kind: str, x: Vector):
     loses, ``H(x') - H(x) - ∇H(x̄)·Δ = D³H(x̄)[Δ, Δ, Δ] / 24 + O(|Δ|⁵)``, falls below the
     round-off of the energy difference (:func:`_energy_round_off`) that the quotient divides
     by ``|Δ|`` (third derivatives of order one).  Itoh--Abe, per coordinate:
-    ``|Δ_i| <= 1e-10 (1 + |x_i|)`` (dropping a quotient costs ``O(Δ_i²)`` of energy)."""
+    ``|Δ_i| <= (2 eps (1 + |x|_∞))^(1/2)``, where the energy lost by taking ``∂H/∂x_i`` at the
+    edge's start instead of the quotient, ``∂²H/∂x_i² Δ_i² / 2``, falls below the same
+    round-off."""
     if kind == "gonzalez":
         return (24.0 * _energy_round_off(x)) ** (1.0 / 3.0)
-    return 1e-10 * (1.0 + jnp.abs(x))
+    return jnp.sqrt(2.0 * _energy_round_off(x))
 
 
 def gonzalez_gradient(H: Callable, x: Vector, x1: Vector, grad_mid: Optional[Vector] = None,
@@ -177,7 +179,8 @@ def itoh_abe_gradient(H: Callable, x: Vector, x1: Vector, grad: Optional[Callabl
                       ) -> Vector:
     """Itoh--Abe coordinate-increment discrete gradient (eq. (13)): component ``i`` is the
     difference quotient of ``H`` along the ``i``-th edge of the staircase from ``x`` to ``x'``
-    (``∂H/∂x_i`` at the edge's start when ``|x'_i - x_i|`` is below ``1e-10 (1 + |x_i|)``).
+    (``∂H/∂x_i`` at the edge's start when ``|x'_i - x_i|`` is below
+    ``(2 eps (1 + |x|_∞))^(1/2)``, :func:`_quotient_cut`).
     ``grad`` is ``∇H`` (default ``jax.grad(H)``)."""
     grad = jax.grad(H) if grad is None else grad
     N = x.shape[0]
@@ -227,8 +230,10 @@ def quotient_round_off(kind: str, H_x: Vector, d: Vector, x: Vector, h: ScalarLi
     cut = _quotient_cut(kind, x)
     if kind == "gonzalez":   # one quotient along Δ
         size = jnp.maximum(jnp.max(jnp.abs(d)), cut)
-    else:                    # one per coordinate: the smallest increment not cut
-        size = jnp.min(jnp.maximum(jnp.abs(d), cut))
+    else:
+        # one quotient per coordinate: a coordinate's increment can pass through zero within
+        # a step whatever the prediction says, so the smallest increment not cut, the cut
+        size = cut
     quotient = _energy_round_off(x) * jnp.abs(h) * (1.0 + jnp.abs(H_x)) / (size * tol)
     return jnp.maximum(coordinates, quotient)
 
