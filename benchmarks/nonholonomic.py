@@ -82,7 +82,7 @@ FULL = {
         problems=["cvt", "chaotic"], T=1000.0, n_save=1000, repeats=3, time_budget=4.0,
         h={"cvt": {"si_dla": [0.1, 0.02, 0.005], "lob2": [0.1, 0.05], "lob3": [0.2, 0.1],
                    "lob4": [0.5, 0.2], "dg_gonzalez": [0.2, 0.1], "dg_avf": [0.2, 0.1],
-                   "dg_gonzalez_full": [0.1, 0.05]},
+                   "dg_avf_sys": [0.2, 0.1], "dg_gonzalez_full": [0.1, 0.05]},
            "chaotic": {"si_dla": [0.1, 0.02, 0.005], "lob2": [0.1, 0.05], "lob3": [0.2, 0.1],
                        "lob4": [0.5, 0.2], "dg_gonzalez": [0.25, 0.1], "dg_avf": [0.25],
                        "dg_gonzalez_full": [0.1, 0.05]}},
@@ -134,6 +134,7 @@ METHODS = {  # key -> (label, factory)
        for s in (2, 3, 4)},
     "dg_gonzalez": ("DG Gonzalez-R", DG.gonzalez),
     "dg_avf": ("DG AVF(12)-R", DG.avf),
+    "dg_avf_sys": ("DG AVF(12)-R system frame", lambda: DG.avf(frame="system")),
     "dg_gonzalez_full": ("DG Gonzalez-F", DG.gonzalez_full),
 }
 # part 2: the discrete-gradient step with the alternatives it accepts (solver=, frame=)
@@ -152,12 +153,13 @@ STEP_CONFIGS = {
     "dg_avf": ("AVF(12)-R, fixed point, QR frame [default]", DG.avf),
     "dg_avf_newton": ("AVF(12)-R, Newton, QR frame", lambda: DG.avf(
         solver=vj.solvers.Newton(rtol=DG_TOL, atol=DG_TOL))),
+    "dg_avf_sys": ("AVF(12)-R, fixed point, system frame", lambda: DG.avf(frame="system")),
     "dg_gonzalez_full": ("Gonzalez-F, Newton [default]", DG.gonzalez_full),
     "lob3": ("NonholonomicVPRK.lobatto(3), fixed point [default]", METHODS["lob3"][1]),
     "lob3_sn": ("NonholonomicVPRK.lobatto(3), SimplifiedNewton", lambda: vj.NonholonomicVPRK.lobatto(
         3, solver=vj.solvers.SimplifiedNewton())),
 }
-SLOW_CONFIGS = ("dg_avf", "dg_avf_newton")
+SLOW_CONFIGS = ("dg_avf", "dg_avf_newton", "dg_avf_sys")
 # part 2 profile: the solver each configuration's updates are made of
 PROFILE = {
     "si_dla": ("si_dla", lambda: vj.solvers.Newton()),
@@ -167,11 +169,11 @@ PROFILE = {
                                                                           atol=DG_TOL)),
 }
 PEERS = {"tsit5": ("diffrax Tsit5", dfx.Tsit5), "dopri8": ("diffrax Dopri8", dfx.Dopri8)}
-TARGETED = ("lob3", "lob4", "dg_gonzalez", "dg_avf", "dg_gonzalez_full")   # part 1 targets
+TARGETED = ("lob3", "lob4", "dg_gonzalez", "dg_avf", "dg_avf_sys", "dg_gonzalez_full")   # part 1 targets
 
 STYLE = {"si_dla": ("C0", "o"), "i_dla": ("C9", "P"), "lob2": ("C1", "^"),
          "lob3": ("C2", "s"), "lob4": ("C6", "D"), "dg_gonzalez": ("C3", "v"),
-         "dg_avf": ("C5", "*"), "dg_gonzalez_full": ("C8", "X"), "tsit5": ("C4", "."),
+         "dg_avf": ("C5", "*"), "dg_avf_sys": ("C5", "p"), "dg_gonzalez_full": ("C8", "X"), "tsit5": ("C4", "."),
          "dopri8": ("C7", ".")}
 
 
