@@ -617,6 +617,22 @@ def test_energy_kept_where_a_coordinate_has_run_away(make):
     assert np.max(np.abs(E - E[0])) <= 1e-9
 
 
+@pytest.mark.parametrize("make", [DG.gonzalez, DG.avf, DG.itoh_abe],
+                         ids=["gonzalez", "avf", "itoh_abe"])
+def test_energy_kept_in_float32(make):
+    """The quotient cuts scale with the working precision's round-off.  CVT in float32, 300
+    steps of h = 0.1: energy error measured 3.6e-6 (Gonzalez), 7.0e-6 (AVF), 4.8e-6
+    (Itoh-Abe), against 3.9e-3 for Gonzalez with its former cut eps^(1/3) (1 + |x|) (about
+    0.01 in float32: the correction dropped at most steps) and 7.1e-5 for Itoh-Abe with its
+    cut at the balance point (2 eps (1 + |x|))^(1/2)."""
+    system = CVTGearbox()
+    q0, v0 = (jnp.asarray(x, jnp.float32) for x in system.initial())
+    sol = vj.simulate(system, make(), q0=q0, v0=v0, dt=0.1, n_steps=300, save_every=10)
+    assert sol.q.dtype == jnp.float32
+    E = np.asarray(jax.vmap(system.energy)(sol.q, sol.v))
+    assert np.max(np.abs(E - E[0])) <= 3e-5
+
+
 def test_itoh_abe_converges_where_a_coordinate_increment_passes_through_zero():
     """Itoh--Abe divides H's round-off by each coordinate's increment.  On the quartic system
     at step 1222 (h = 0.1) the fourth coordinate's increment is -3.8e-7 where the previous

@@ -143,12 +143,14 @@ def _quotient_cut(kind: str, x: Vector):
     loses, ``H(x') - H(x) - ∇H(x̄)·Δ = D³H(x̄)[Δ, Δ, Δ] / 24 + O(|Δ|⁵)``, falls below the
     round-off of the energy difference (:func:`_energy_round_off`) that the quotient divides
     by ``|Δ|`` (third derivatives of order one).  Itoh--Abe, per coordinate:
-    ``|Δ_i| <= (2 eps (1 + |x|_∞))^(1/2)``, where the energy lost by taking ``∂H/∂x_i`` at the
-    edge's start instead of the quotient, ``∂²H/∂x_i² Δ_i² / 2``, falls below the same
-    round-off."""
+    ``|Δ_i| <= (0.02 eps (1 + |x|_∞))^(1/2)``, where the energy lost by taking ``∂H/∂x_i`` at
+    the edge's start instead of the quotient, ``∂²H/∂x_i² Δ_i² / 2``, is a hundredth of the
+    same round-off: dropped quotients err in one direction where round-off does not (at the
+    balance point, ``(2 eps (1 + |x|_∞))^(1/2)``, a float32 CVT run of 300 steps had 7.1e-5
+    energy error against 4.8e-6 here)."""
     if kind == "gonzalez":
         return (24.0 * _energy_round_off(x)) ** (1.0 / 3.0)
-    return jnp.sqrt(2.0 * _energy_round_off(x))
+    return jnp.sqrt(0.02 * _energy_round_off(x))
 
 
 def gonzalez_gradient(H: Callable, x: Vector, x1: Vector, grad_mid: Optional[Vector] = None,
@@ -180,7 +182,7 @@ def itoh_abe_gradient(H: Callable, x: Vector, x1: Vector, grad: Optional[Callabl
     """Itoh--Abe coordinate-increment discrete gradient (eq. (13)): component ``i`` is the
     difference quotient of ``H`` along the ``i``-th edge of the staircase from ``x`` to ``x'``
     (``∂H/∂x_i`` at the edge's start when ``|x'_i - x_i|`` is below
-    ``(2 eps (1 + |x|_∞))^(1/2)``, :func:`_quotient_cut`).
+    ``(0.02 eps (1 + |x|_∞))^(1/2)``, :func:`_quotient_cut`).
     ``grad`` is ``∇H`` (default ``jax.grad(H)``)."""
     grad = jax.grad(H) if grad is None else grad
     N = x.shape[0]
