@@ -199,7 +199,7 @@ def itoh_abe_gradient(H: Callable, x: Vector, x1: Vector, grad: Optional[Callabl
     return jnp.where(small, partial, quotient)
 
 
-def quotient_round_off(kind: str, H_x: Vector, d: Vector, x: Vector, h: ScalarLike,
+def quotient_round_off(kind: str, H_x: ScalarLike, d: Vector, x: Vector, h: ScalarLike,
                        tol: float):
     """The round-off level, in multiples of ``tol``, of a step's residual ``ζ' - ζ - h Π ∇̄H``.
 
@@ -225,8 +225,7 @@ def quotient_round_off(kind: str, H_x: Vector, d: Vector, x: Vector, h: ScalarLi
     increments' noise once the predictor had become accurate, and AVF-R (no quotient) had
     failed solves in 6 of 5000 saved blocks from step 273314 on (``|q3| = 4.4e4``) without
     this part; none with it."""
-    eps = jnp.finfo(x.dtype).eps
-    coordinates = eps * (1.0 + jnp.max(jnp.abs(x))) / tol
+    coordinates = _energy_round_off(x) / tol
     if kind == "avf":
         return coordinates
     cut = _quotient_cut(kind, x)
@@ -308,8 +307,7 @@ class ReducedForm(eqx.Module):
     @classmethod
     def at(cls, system, q: Vector, frame: str = "qr") -> "ReducedForm":
         """The reduced form with the reflector signs of the QR at ``q`` frozen."""
-        signs = frame_signs(constraint_forms(system, q).T) if frame == "qr" else None
-        return cls(system, signs, frame)
+        return cls.with_frame(system, q, frame)[0]
 
     @classmethod
     def with_frame(cls, system, q: Vector, frame: str = "qr"):
@@ -380,14 +378,14 @@ class ReducedForm(eqx.Module):
         derivatives of ``G`` and ``V`` by autodiff at fixed ``v``)."""
         return self._gradient_and_bracket(z[:n], z[n:])
 
-    def linearisation(self, z: Vector, n: int, h: ScalarLike, F=None, dF=None, at=None
+    def linearisation(self, z: Vector, n: int, h: ScalarLike, F=None, dF=None
                       ) -> tuple[Float[Array, "N N"], Vector]:
         """``(P, f)``: ``f = Π(ζ)(∇𝓗(ζ) - (F, 0))``, the vector field at ``ζ`` with a force
         ``F`` (or none), and ``P`` the inverse of ``I - (h/2) J``, ``J`` its Jacobian with
         the ``q``-columns reduced to ``(0, -Xᵀ(∇²V - 2 dF))``: exact in ``ρ`` (the bracket
         and the metric at fixed ``q``, ``m`` tangents), without the derivatives of the frame
         and of the metric in ``q``.  ``dF``: the derivative of the step's midpoint force with
-        respect to ``q'`` (``n x n``), or ``None``; ``at``: :meth:`_at` at ``q``, if known.
+        respect to ``q'`` (``n x n``), or ``None``.
 
         The residual of a midpoint discrete-gradient step has the Jacobian ``I - (h/2) J``
         to first order (``∂∇̄𝓗/∂ζ' = ∇²𝓗/2 + O(|ζ' - ζ|)``), so ``P`` preconditions its
@@ -404,7 +402,7 @@ class ReducedForm(eqx.Module):
         ``ρ``-derivative of the bracket the iteration diverged on the Chaplygin sleigh at
         ``h`` near its stability bound, where the bracket carries the whole motion."""
         q, rho = z[:n], z[n:]
-        at = self._at(q) if at is None else at
+        at = self._at(q)
         X = at[0]
 
         def field(r):
