@@ -594,27 +594,44 @@ def test_lobatto2_is_explicit_stormer_verlet_for_constant_mass(preset, system_na
 
 
 @pytest.mark.parametrize("stages", [2, 3])
-def test_velocity_form_predictor_passes_through_the_node_velocity(stages):
-    """The velocity form's warm start (a mechanical system whose mass matrix depends on
-    ``q``): the previous step's stage velocities extrapolated through the node velocity
-    ``M(q_k)^{-1} p_k`` as well have error ``O(h^{s+1})`` against the step's root, the stage
-    velocities alone ``O(h^s)`` (measured slopes on the double pendulum at t = 0.4, h = 0.02
-    ... 0.005: 2.96 and 2.00 for Gauss(2), 3.99 and 2.96 for Gauss(3); one update fewer per
-    step is 0.5--0.7 of 4.5--5)."""
-    system = vj.systems.DoublePendulum()
+@pytest.mark.parametrize("form", ["velocity", "force"])
+def test_predictor_passes_through_the_node_value(form, stages):
+    """The warm start of the stage solve of a :class:`vijax.MechanicalSystem`: the previous
+    step's stage values extrapolated through the node value as well -- the node velocity
+    ``M(q_k)^{-1} p_k`` (velocity form: the double pendulum, whose mass matrix depends on
+    ``q``) or the node force ``D1L(q_k, v_k)`` (force form: Kepler, constant mass matrix) --
+    have error ``O(h^{s+1})`` against the step's root, the stage values alone ``O(h^s)``
+    (measured slopes, h = 0.02 ... 0.005: on the double pendulum at t = 0.4 2.96 and 2.00
+    for Gauss(2), 3.99 and 2.96 for Gauss(3); on Kepler at t = 1 3.00 and 2.00, 4.01 and
+    3.01).  Updates per step: Gauss(2) at h = 0.01 5.2 -> 4.4 on the double pendulum,
+    2.5 -> 2.2 on Kepler."""
+    if form == "velocity":
+        system = vj.systems.DoublePendulum()
+        q0, v0, t_end = jnp.array([1.0, 1.5]), jnp.array([0.0, 0.3]), 0.4
+    else:
+        system = vj.systems.Kepler()
+        q0, v0 = system.initial_conditions(KEPLER_E)
+        t_end = 1.0
     integrator = vj.VPRK.gauss(stages)
     hs = np.array([0.02, 0.01, 0.005])
     with_node, stages_only = [], []
     for h in hs:
-        state = integrator.init(system, 0.0, jnp.array([1.0, 1.5]), jnp.array([0.0, 0.3]))
+        state = integrator.init(system, 0.0, q0, v0)
         step = jax.jit(lambda s, h=h: integrator.step(system, s, h)[0])
-        for _ in range(int(round(0.4 / h))):
+        for _ in range(int(round(t_end / h))):
             state = step(state)
-        root = step(state).stages
         extrap = integrator._extrapolation(state.q.dtype)
-        with_node.append(float(jnp.max(jnp.abs(
-            integrator._velocity_predictor(system, state, extrap) - root))))
-        stages_only.append(float(jnp.max(jnp.abs(extrap @ state.stages - root))))
+        if form == "velocity":
+            root = step(state).stages
+            predicted = integrator._velocity_predictor(system, state, extrap)
+            old = extrap @ state.stages
+        else:
+            root = step(state).forces
+            minv = system.inverse_mass_matrix(state.q)
+            predicted = integrator._force_predictor(system, state, extrap, minv)
+            old = extrap @ state.forces
+        with_node.append(float(jnp.max(jnp.abs(predicted - root))))
+        stages_only.append(float(jnp.max(jnp.abs(old - root))))
     slope = lambda e: np.polyfit(np.log(hs), np.log(e), 1)[0]  # noqa: E731
     assert abs(slope(with_node) - (stages + 1)) < 0.3, with_node
     assert abs(slope(stages_only) - stages) < 0.3, stages_only
