@@ -703,3 +703,40 @@ def test_ensembles_of_group_elements():
         np.testing.assert_allclose(sol.q[i], one.q, atol=1e-14)
     with pytest.raises(ValueError, match="one element of SO3 per member"):
         vj.simulate_ensemble(top, integ, q0=g0[0], v0=xi0, dt=0.05, n_steps=10)
+
+
+@pytest.mark.parametrize("retraction", [vj.lie.Exp(), vj.lie.Cayley()], ids=["exp", "cayley"])
+def test_free_predictor_maps_the_body_velocities_into_the_new_chart(retraction):
+    """The warm start of an unconstrained step on SO(3): the previous stage body velocities
+    (and the node velocity) extrapolated, then mapped into this step's chart by
+    ``H = d^Lτ^{-1}_{h a V} V``.  Against the step's root ``H`` (solved from its body
+    velocities to round-off) its error is ``O(h^3)`` for Gauss(2) (measured slopes 3.00 Exp,
+    2.99 Cayley; Gauss(3) 2.83, 2.92: the one-pass chart map is third order); the
+    extrapolated body velocities taken as ``H`` without the map are ``O(h^2)`` (1.98, 2.00),
+    and extrapolating the previous ``H`` across charts cost 0.8--1.7 more updates per step."""
+    from vijax.integrators._prk_core import free_group_predictor, through_the_node
+    top = vj.systems.HeavyTop(inertia=(1.0, 2.0, 3.0), gravity=1.0)
+    g0 = vj.lie.SO3().exp(jnp.array([0.3, -0.2, 0.4]))
+    w0 = jnp.array([0.3, -0.8, 1.0])
+    integrator = vj.GroupVPRK.gauss(2, retraction=retraction)
+    a = jnp.asarray(integrator.tableau.q.a)
+    hs = np.array([0.04, 0.02, 0.01])
+    mapped, unmapped = [], []
+    for h in hs:
+        state = integrator.init(top, 0.0, g0, w0)
+        step = jax.jit(lambda s, h=h: integrator.step(top, s, h)[0])
+        for _ in range(int(round(0.4 / h))):
+            state = step(state)
+        V = step(state).stages          # the root's stage body velocities
+        H = V
+        for _ in range(60):             # H = dτ^{-1}_{h a H} V, a contraction of rate O(h)
+            H = jax.vmap(lambda x, y: retraction.dtau_inv(top.group, x) @ y)(h * a @ H, V)
+        E = through_the_node(integrator.tableau, jnp.float64)
+        mapped.append(float(jnp.max(jnp.abs(
+            free_group_predictor(integrator.tableau, state, h, top.group, retraction) - H))))
+        unmapped.append(float(jnp.max(jnp.abs(
+            E @ jnp.concatenate([state.stages, state.v[None]]) - H))))
+    slope = lambda e: np.polyfit(np.log(hs), np.log(e), 1)[0]  # noqa: E731
+    assert abs(slope(mapped) - 3.0) < 0.3, mapped
+    assert abs(slope(unmapped) - 2.0) < 0.3, unmapped
+    assert mapped[-1] < 0.1 * unmapped[-1]

@@ -72,8 +72,9 @@ MODES = ("free", "holonomic", "nonholonomic")
 class PRKState(AbstractState):
     """``(t, q, p)`` (``q`` a vector or a group element, ``p`` the (body) momentum), the node
     velocity ``v``, the node multiplier ``lam`` (empty without constraints) and the last step's
-    stage values (``stages`` the ``H^i`` (the stage velocities ``V^i`` on a vector space),
-    ``lams`` the ``Λ^i``) from which the next step's predictor is built.  For a nonholonomic
+    stage values (``stages`` the ``H^i`` with constraints, the stage body velocities ``V^i``
+    without (the same on a vector space); ``lams`` the ``Λ^i``) from which the next step's
+    predictor is built.  For a nonholonomic
     system ``lam`` is ``Λ^s`` of the step that ended here, the next step's ``Λ^1``, and ``v``
     is the node velocity ``η^s`` (the inverse Legendre map of ``p``), not the IIIB stage
     velocity."""
@@ -97,6 +98,7 @@ class StepOutput(NamedTuple):
     p: Array
     v: Optional[Array]
     forces: Array
+    body: Optional[Array] = None    # free: the stage body velocities V^i (next predictor)
 
 
 def at_nodes(system, times, fn, *args):
@@ -220,7 +222,7 @@ def stage_equations(pair: tb.PartitionedTableau, group: AbstractLieGroup,
         tangency = group.left_jacobian(system.holonomic, g1) @ extra
         momentum = system.at(state.t + h).momentum(g1, extra) - mu1
         return (res, rows, momentum, tangency), StepOutput(g1, mu1, extra, F)
-    return res, StepOutput(g1, mu1, None, F)
+    return res, StepOutput(g1, mu1, None, F, V)
 
 
 def _depends_on_first(fn, x, *args) -> bool:
@@ -520,7 +522,44 @@ def predict(pair: tb.PartitionedTableau, state: PRKState, h, mode: str, extra: s
             # RATTLE step on the planar pendulum at h = 0.01.
             return (H0 + 2.0 * shift[None, :], h * mm(extrap, state.lams), H0[-1] + 3.0 * shift)
         return (H0, h * mm(extrap, state.lams), H0[-1] + shift)
+    if group is not None and retraction is not None:
+        return (free_group_predictor(pair, state, h, group, retraction),
+                jnp.zeros((0,), state.p.dtype), None)
     return (H0, jnp.zeros((0,), state.p.dtype), None)
+
+
+def through_the_node(pair: tb.PartitionedTableau, dtype):
+    """``(s, s + 1)`` matrix: the polynomial through the previous step's stage values (at
+    ``c_i``) and its end node's value (at 1), at this step's stages ``1 + c_i``; ``None``
+    when a stage lies on a node (Lobatto, Radau) or nodes repeat."""
+    c = np.asarray(pair.q.c, float)
+    if len(set(pair.q.c_)) < pair.q.stages or not (c[0] > 0.0 and c[-1] < 1.0):
+        return None
+    return jnp.asarray(lagrange_extrapolation_matrix(np.append(c, 1.0), 1.0 + c), dtype)
+
+
+def free_group_predictor(pair: tb.PartitionedTableau, state: PRKState, h,
+                         group: AbstractLieGroup, retraction: AbstractRetraction):
+    """The unknowns ``H^i`` of an unconstrained group step, predicted in this step's chart.
+
+    ``H^i`` is the derivative of the chart coordinate ``Ξ(t)`` centred at the step's start,
+    ``V^i = d^Lτ_{Ξ^i} H^i`` the body velocity: the previous step's ``H`` belong to the
+    chart at ``g_{k-1}`` and differ from this step's by ``O(h)`` on a non-commutative group.
+    The state keeps the previous stage body velocities ``V^i`` instead (:func:`next_state`);
+    they are extrapolated -- chart-free, through the node velocity ``ξ_k`` as well where the
+    stages lie inside the step -- and mapped into the chart at ``g_k`` by
+    ``H^i = d^Lτ^{-1}_{Ξ^i} V^i`` with ``Ξ = h a V`` (a second pass with ``Ξ = h a H``
+    changed no iteration count).  Updates per step on the heavy top (h = 0.05, Exp):
+    Gauss(2) 4.85 -> 4.00, Gauss(3) 5.00 -> 3.94; Cayley Gauss(2) 5.08 -> 4.30."""
+    dtype = state.p.dtype
+    E = through_the_node(pair, dtype)
+    V = state.stages
+    Vp = (mm(extrapolation(pair, dtype), V) if E is None else
+          mm(E, jnp.concatenate([V, state.v[None, :]])))
+    if retraction.flat(group):
+        return Vp
+    Xi = h * mm(jnp.asarray(pair.q.a, dtype), Vp)
+    return jax.vmap(lambda x, y: retraction.dtau_inv(group, x) @ y)(Xi, Vp)
 
 
 def initial_state(pair: tb.PartitionedTableau, t0, q0, p0, v0, lam0) -> PRKState:
@@ -542,4 +581,7 @@ def next_state(state: PRKState, mode: str, X, out: StepOutput, h, v_free=None) -
     else:
         lams = state.lams
     v1 = v_free if out.v is None else out.v
-    return PRKState(t=state.t + h, q=out.q, p=out.p, v=v1, lam=lams[-1], stages=H, lams=lams)
+    # free: the stage body velocities, whatever the chart (free_group_predictor)
+    stages = out.body if mode == "free" and out.body is not None else H
+    return PRKState(t=state.t + h, q=out.q, p=out.p, v=v1, lam=lams[-1], stages=stages,
+                    lams=lams)

@@ -44,7 +44,7 @@ from ..solvers import AbstractRootSolver, FixedPoint, SolverStats
 from ..systems import ForcedSystem, LagrangianSystem, MechanicalSystem, TimeDependentSystem
 from ._base import AbstractDenseIntegrator, AbstractIntegrator, AbstractState
 from ._prk_core import (at_nodes, extrapolation, free_precond, momentum_coupling,
-                        stage_equations, vector_space)
+                        stage_equations, through_the_node, vector_space)
 
 __all__ = ["AbstractPRK", "VPRK", "VPRKState", "stage_values", "at_nodes"]
 
@@ -289,10 +289,7 @@ class VPRK(TableauPresets, AbstractPRK):
         T = 1e3): 4.82 -> 4.23 (Gauss(4), h = 0.0175), 4.58 -> 3.94 (Gauss(3), h = 0.01),
         5.16 -> 4.42 (Gauss(2), h = 0.01); force form, Kepler (e = 0.5): 2.52 -> 2.19
         (Gauss(2), h = 0.01), 3.42 -> 2.78 (Gauss(3), h = 0.05)."""
-        c = np.asarray(self.tableau.q.c, float)
-        if self.predictor != "extrapolate" or not (c[0] > 0.0 and c[-1] < 1.0):
-            return None
-        return jnp.asarray(lagrange_extrapolation_matrix(np.append(c, 1.0), 1.0 + c), dtype)
+        return None if self.predictor != "extrapolate" else through_the_node(self.tableau, dtype)
 
     def _velocity_predictor(self, system, state: VPRKState, extrap):
         """The stage velocities' warm start of the velocity form: the previous step's stage
