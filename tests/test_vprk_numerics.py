@@ -120,6 +120,13 @@ class Problem(NamedTuple):
 PENDULUM_THETA0 = 1.5   # 86 degrees: strongly nonlinear
 PENDULUM_T = 4.0        # about 1.7 periods
 KEPLER_E = 0.5
+
+
+class RelativisticOscillator(vj.LagrangianSystem):
+    """``L = -sqrt(1 - |v|^2) - |q|^2 / 2``: a velocity Hessian that depends on ``v``."""
+
+    def lagrangian(self, q, v):
+        return -jnp.sqrt(1.0 - jnp.vdot(v, v)) - 0.5 * jnp.vdot(q, q)
 KEPLER_T = 2.0 * np.pi  # one full orbit, pericentre to pericentre
 
 
@@ -594,24 +601,29 @@ def test_lobatto2_is_explicit_stormer_verlet_for_constant_mass(preset, system_na
 
 
 @pytest.mark.parametrize("stages", [2, 3])
-@pytest.mark.parametrize("form", ["velocity", "force"])
+@pytest.mark.parametrize("form", ["velocity", "force", "momentum"])
 def test_predictor_passes_through_the_node_value(form, stages):
     """The warm start of the stage solve of a :class:`vijax.MechanicalSystem`: the previous
     step's stage values extrapolated through the node value as well -- the node velocity
     ``M(q_k)^{-1} p_k`` (velocity form: the double pendulum, whose mass matrix depends on
-    ``q``) or the node force ``D1L(q_k, v_k)`` (force form: Kepler, constant mass matrix) --
-    have error ``O(h^{s+1})`` against the step's root, the stage values alone ``O(h^s)``
-    (measured slopes, h = 0.02 ... 0.005: on the double pendulum at t = 0.4 2.96 and 2.00
-    for Gauss(2), 3.99 and 2.96 for Gauss(3); on Kepler at t = 1 3.00 and 2.00, 4.01 and
-    3.01).  Updates per step: Gauss(2) at h = 0.01 5.2 -> 4.4 on the double pendulum,
-    2.5 -> 2.2 on Kepler."""
+    ``q``), the node force ``D1L(q_k, v_k)`` (force form: Kepler, constant mass matrix) or
+    the node velocity from one Newton step on the Legendre map (momentum form: a
+    relativistic oscillator) -- have error ``O(h^{s+1})`` against the step's root, the stage
+    values alone ``O(h^s)`` (measured slopes, h = 0.02 ... 0.005, Gauss(2) and Gauss(3):
+    double pendulum at t = 0.4 2.96/2.00 and 3.99/2.96; Kepler at t = 1 3.00/2.00 and
+    4.01/3.01; relativistic oscillator at t = 1 3.02/2.00 and 4.00/3.00).  Updates per
+    step, Gauss(2) at h = 0.01: 5.2 -> 4.4 on the double pendulum, 2.5 -> 2.2 on Kepler,
+    2.47 -> 2.14 on Kepler as a general Lagrangian."""
     if form == "velocity":
         system = vj.systems.DoublePendulum()
         q0, v0, t_end = jnp.array([1.0, 1.5]), jnp.array([0.0, 0.3]), 0.4
-    else:
+    elif form == "force":
         system = vj.systems.Kepler()
         q0, v0 = system.initial_conditions(KEPLER_E)
         t_end = 1.0
+    else:   # a Lagrangian with a velocity-dependent Hessian: the node velocity by Newton
+        system = RelativisticOscillator()
+        q0, v0, t_end = jnp.array([1.0, -0.5]), jnp.array([0.3, 0.4]), 1.0
     integrator = vj.VPRK.gauss(stages)
     hs = np.array([0.02, 0.01, 0.005])
     with_node, stages_only = [], []
@@ -625,6 +637,11 @@ def test_predictor_passes_through_the_node_value(form, stages):
             root = step(state).stages
             predicted = integrator._velocity_predictor(system, state, extrap)
             old = extrap @ state.stages
+        elif form == "momentum":
+            root = step(state).stages
+            old = extrap @ state.stages
+            minv = system.inverse_velocity_hessian(state.q, old[-1])
+            predicted = integrator._momentum_predictor(system, state, old, minv)
         else:
             root = step(state).forces
             minv = system.inverse_mass_matrix(state.q)

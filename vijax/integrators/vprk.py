@@ -225,8 +225,9 @@ class VPRK(TableauPresets, AbstractPRK):
         their interpolation polynomial (for a :class:`vijax.MechanicalSystem` and stages
         inside the step, as Gauss's, the polynomial also passes through the node value --
         the velocity ``M(q_k)^{-1} p_k``, or with a constant mass matrix the force
-        ``D1L(q_k, v_k)`` of an unforced system: one order more); ``"constant"``: all stages
-        start at the last stage velocity.
+        ``D1L(q_k, v_k)`` of an unforced system, for a general Lagrangian the node velocity
+        from one Newton step on the Legendre map: one order more); ``"constant"``: all
+        stages start at the last stage velocity.
 
     Presets: :meth:`gauss`, :meth:`lobatto`, :meth:`midpoint`, :meth:`stormer_verlet`.
     """
@@ -301,6 +302,22 @@ class VPRK(TableauPresets, AbstractPRK):
         vk = system.at(state.t).inverse_mass_matrix(state.q) @ state.p
         return mm(E, jnp.concatenate([state.stages, vk[None, :]]))
 
+    def _momentum_predictor(self, system, state: VPRKState, V0, minv):
+        """The stage velocities' warm start of the momentum form (general Lagrangians):
+        ``V0`` (the previous stage velocities extrapolated) or, where
+        :meth:`_through_the_node` applies, the polynomial through the node velocity as well,
+        found by one Newton step on ``D2L(q_k, v) = p_k`` from the polynomial's value at the
+        node with ``minv``, the inverse velocity Hessian at ``(q_k, V0[-1])`` (``O(h)`` from
+        it: the node velocity to ``O(h^{s+1})``)."""
+        E = self._through_the_node(state.q.dtype)
+        if E is None:
+            return V0
+        c = np.asarray(self.tableau.q.c, float)
+        to_end = jnp.asarray(lagrange_extrapolation_matrix(c, np.ones(1)), state.q.dtype)
+        guess = mm(to_end, state.stages)[0]
+        vk = guess + mm(minv, state.p - system.at(state.t).momentum(state.q, guess))
+        return mm(E, jnp.concatenate([state.stages, vk[None, :]]))
+
     def _force_predictor(self, system, state: VPRKState, extrap, minv, force=None):
         """The stage forces' warm start of the force form (constant mass matrix ``minv⁻¹``):
         the previous step's stage forces extrapolated, through the node force
@@ -365,7 +382,7 @@ class VPRK(TableauPresets, AbstractPRK):
                 precond = free_precond(self.tableau, group, minv, p, V0[-1], h,
                                        momentum_coupling(at_t, group, q, V0[-1]))
                 none = jnp.zeros((0,), q.dtype)
-                V0 = mm(extrap, state.stages)
+                V0 = self._momentum_predictor(system, state, V0, minv)
 
                 def residual(V):
                     res, out = stage_equations(self.tableau, group, retraction, system, "free",
