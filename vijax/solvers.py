@@ -293,7 +293,8 @@ class AbstractRootSolver(eqx.Module):
     #: ``True``: the stopping test takes the slower of the last two contraction rates (a
     #: linearly converging iteration whose rates need not be regular).  ``False`` for
     #: Newton (quadratic: its rates fall, the last is the slower) and for a solver that
-    #: keeps a margin on the last rate instead (``kappa < 1``, the constrained methods').
+    #: keeps a margin on the last rate instead (``kappa < 1``, the constrained methods'; a
+    #: tolerance below round-off, the discrete gradients').
     _two_rates: ClassVar[bool] = True
 
     def _default_min_steps(self) -> dict:

@@ -299,7 +299,7 @@ class VPRK(TableauPresets, AbstractPRK):
         E = self._through_the_node(state.q.dtype)
         if E is None:
             return mm(extrap, state.stages)
-        vk = system.at(state.t).inverse_mass_matrix(state.q) @ state.p
+        vk = mm(system.at(state.t).inverse_mass_matrix(state.q), state.p)
         return mm(E, jnp.concatenate([state.stages, vk[None, :]]))
 
     def _momentum_predictor(self, system, state: VPRKState, V0, minv):
