@@ -64,6 +64,7 @@ VIJAX = [
     ("gauss2", lambda: vj.VPRK.gauss(2), (0.005, 0.01)),
     ("gauss3", lambda: vj.VPRK.gauss(3), (0.0075, 0.01, 0.0125, 0.015)),
     ("gauss4", lambda: vj.VPRK.gauss(4), (0.015, 0.0175, 0.02, 0.025, 0.03)),
+    ("gauss6", lambda: vj.VPRK.gauss(6), (0.03, 0.035)),
 ]
 TOLS = (1e-9, 1e-10, 1e-11, 1e-12)
 
