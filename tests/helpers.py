@@ -9,6 +9,8 @@
   1e-13), with the multiplier of eq. (70) of Wenger et al. (2017).
 * :func:`pendulum_initial`, :func:`double_pendulum_3d_initial`: initial data on ``T C``.
 * :func:`constraint_residuals`: ``max |g(q_k)|`` and ``max |G(q_k) v_k|`` over saved rows.
+* :class:`RelativisticParticle`: ``L = -m sqrt(1 - |v|^2) - k |q|^2 / 2``, a Lagrangian whose
+  velocity Hessian depends on ``v`` (the inverse Legendre map goes through Newton).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import vijax as vj
 __all__ = [
     "SPRING_CENTRE",
     "Reference",
+    "RelativisticParticle",
     "SpringPendulum",
     "constraint_residuals",
     "double_pendulum_3d_initial",
@@ -33,6 +36,18 @@ __all__ = [
 ]
 
 SPRING_CENTRE = (0.3, 0.2)
+
+
+class RelativisticParticle(vj.LagrangianSystem):
+    """``L = -m sqrt(1 - |v|^2) - 1/2 k |q|^2`` (c = 1): not quadratic in v, so the inverse
+    Legendre map goes through Newton; ``p = m v / sqrt(1 - |v|^2)``,
+    ``v = p / sqrt(m^2 + |p|^2)``."""
+
+    m: float = 1.3
+    k: float = 0.8
+
+    def lagrangian(self, q, v):
+        return -self.m * jnp.sqrt(1.0 - jnp.vdot(v, v)) - 0.5 * self.k * jnp.vdot(q, q)
 
 
 class SpringPendulum(vj.MechanicalSystem, vj.HolonomicSystem):

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import RelativisticParticle
 
 import vijax as vj
 from vijax import systems as S
@@ -423,21 +424,20 @@ def test_singular_velocity_hessian_is_refused():
            p0=jnp.array([0.3, 0.0]), v0=None)
 
 
-class RelativisticParticle(vj.LagrangianSystem):
-    """L = -sqrt(1 - |v|^2) - |q|^2 / 2; p = v / sqrt(1 - |v|^2), v = p / sqrt(1 + |p|^2)."""
-
-    def lagrangian(self, q, v):
-        return -jnp.sqrt(1.0 - jnp.vdot(v, v)) - 0.5 * jnp.vdot(q, q)
+def unit_relativistic():
+    """``L = -sqrt(1 - |v|^2) - |q|^2 / 2``: ``p = v / sqrt(1 - |v|^2)``,
+    ``v = p / sqrt(1 + |p|^2)``."""
+    return RelativisticParticle(m=1.0, k=1.0)
 
 
 def test_p0_of_a_non_quadratic_lagrangian():
     q0, p0 = jnp.array([0.3, -0.2]), jnp.array([0.5, 0.4])
-    sol = vj.simulate(RelativisticParticle(), GAUSS2, q0=q0, p0=p0, dt=0.05, n_steps=4)
+    sol = vj.simulate(unit_relativistic(), GAUSS2, q0=q0, p0=p0, dt=0.05, n_steps=4)
     v0 = p0 / jnp.sqrt(1.0 + p0 @ p0)
     np.testing.assert_allclose(sol.v[0], v0, rtol=1e-12)
     assert bool(sol.stats.all_converged)
     # the same trajectory as from v0
-    from_v0 = vj.simulate(RelativisticParticle(), GAUSS2, q0=q0, v0=v0, dt=0.05, n_steps=4)
+    from_v0 = vj.simulate(unit_relativistic(), GAUSS2, q0=q0, v0=v0, dt=0.05, n_steps=4)
     np.testing.assert_allclose(sol.q, from_v0.q, rtol=1e-13, atol=1e-14)
     np.testing.assert_allclose(sol.p, from_v0.p, rtol=1e-13, atol=1e-14)
 
@@ -448,7 +448,7 @@ def test_p0_outside_the_newton_basin_is_handled_or_reported_as_such():
     singular velocity Hessian."""
     q0, p0 = jnp.array([0.3, -0.2]), jnp.array([2.0, 1.0])
     try:
-        sol = vj.simulate(RelativisticParticle(), GAUSS2, q0=q0, p0=p0, dt=0.05, n_steps=4)
+        sol = vj.simulate(unit_relativistic(), GAUSS2, q0=q0, p0=p0, dt=0.05, n_steps=4)
     except ValueError as err:
         assert "singular" not in str(err) and "p0" in str(err)
     else:

@@ -14,6 +14,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import RelativisticParticle
 
 import vijax as vj
 from vijax import systems as S
@@ -21,17 +22,6 @@ from vijax import systems as S
 # ---------------------------------------------------------------------------------------------
 # Custom systems
 # ---------------------------------------------------------------------------------------------
-
-
-class RelativisticParticle(vj.LagrangianSystem):
-    """``L = -m sqrt(1 - |v|^2) - 1/2 k |q|^2`` (c = 1): not quadratic in v, so the inverse
-    Legendre map goes through Newton."""
-
-    m: float = 1.3
-    k: float = 0.8
-
-    def lagrangian(self, q, v):
-        return -self.m * jnp.sqrt(1.0 - jnp.vdot(v, v)) - 0.5 * self.k * jnp.vdot(q, q)
 
 
 def relativistic_velocity(m, p):

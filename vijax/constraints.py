@@ -8,7 +8,7 @@ pendulum hanging at rest ``lam`` is the (positive) tension divided by the length
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Optional
+from typing import TYPE_CHECKING, Optional
 
 import jax
 import jax.numpy as jnp
@@ -103,12 +103,6 @@ class _ConstrainedFixedPoint(AbstractFixedPoint):
     constrained stage equations: none on a CPU (on the Cartesian pendulum as fast per step as 1
     or 2 updates, and 0.5--0.7 s less compile time for ``GalerkinVI.gauss(3)`` and
     ``gauss(4)``); on a GPU the fixed point's default."""
-
-    # the margin kappa = 0.1 (or 0.01) on the last contraction rate covers the rates'
-    # irregularity: the slower of the last two on top of it cost RATTLE on the Cartesian
-    # pendulum 0.3 more updates per step (3.6 -> 3.9) for the same roots (worst of 3000
-    # steps 50 eps either way)
-    _two_rates: ClassVar[bool] = False
 
     def _default_min_steps(self) -> dict:
         return {"cpu": 0, "gpu": FixedPoint()._default_min_steps()["gpu"]}

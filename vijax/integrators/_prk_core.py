@@ -496,6 +496,9 @@ def predict(pair: tb.PartitionedTableau, state: PRKState, h, mode: str, extra: s
     ``"velocities"`` (``w = η^2..η^s``) the predicted stages shifted the same way,
     ``"momenta"`` (the Hamiltonian form; needs ``system``, ``group`` and ``retraction``) the
     Legendre map ``D2ℓ(G^i, V^i)`` at the predicted stages."""
+    if mode == "free" and group is not None and retraction is not None:
+        return (free_group_predictor(pair, state, h, group, retraction),
+                jnp.zeros((0,), state.p.dtype), None)
     extrap = extrapolation(pair, state.p.dtype)
     H0 = mm(extrap, state.stages)
     shift = state.v - state.stages[-1]
@@ -522,9 +525,6 @@ def predict(pair: tb.PartitionedTableau, state: PRKState, h, mode: str, extra: s
             # RATTLE step on the planar pendulum at h = 0.01.
             return (H0 + 2.0 * shift[None, :], h * mm(extrap, state.lams), H0[-1] + 3.0 * shift)
         return (H0, h * mm(extrap, state.lams), H0[-1] + shift)
-    if group is not None and retraction is not None:
-        return (free_group_predictor(pair, state, h, group, retraction),
-                jnp.zeros((0,), state.p.dtype), None)
     return (H0, jnp.zeros((0,), state.p.dtype), None)
 
 
@@ -538,6 +538,26 @@ def through_the_node(pair: tb.PartitionedTableau, dtype):
     return jnp.asarray(lagrange_extrapolation_matrix(np.append(c, 1.0), 1.0 + c), dtype)
 
 
+def extrapolate(pair: tb.PartitionedTableau, values, extrap, node=None):
+    """The previous step's stage values (``s × d``) at this step's stages: by ``extrap``
+    (:func:`extrapolation`), or, given ``node`` (a function returning the value at the
+    previous step's end) and stages inside the step (:func:`through_the_node`), by the
+    polynomial through that node value as well.
+
+    The stage values have stage order ``s`` and the node values order ``2s``: the polynomial
+    of degree ``s`` through both extrapolates with error ``O(h^{s+1})`` instead of ``O(h^s)``
+    (measured slopes, Gauss(2) and Gauss(3), against the stage values alone: 2.96/2.00 and
+    3.99/2.96 on the double pendulum's velocities, 3.00/2.00 and 4.01/3.01 on Kepler's
+    forces), for one evaluation at the node per step.  Updates per step on the chaotic
+    double pendulum (16 members to T = 1e3): 4.82 -> 4.23 (Gauss(4), h = 0.0175),
+    4.58 -> 3.94 (Gauss(3), h = 0.01), 5.16 -> 4.42 (Gauss(2), h = 0.01); Kepler (e = 0.5)
+    2.52 -> 2.19 (Gauss(2), h = 0.01), 3.42 -> 2.78 (Gauss(3), h = 0.05)."""
+    E = None if node is None else through_the_node(pair, values.dtype)
+    if E is None:
+        return mm(extrap, values)
+    return mm(E, jnp.concatenate([values, node()[None, :]]))
+
+
 def free_group_predictor(pair: tb.PartitionedTableau, state: PRKState, h,
                          group: AbstractLieGroup, retraction: AbstractRetraction):
     """The unknowns ``H^i`` of an unconstrained group step, predicted in this step's chart.
@@ -547,15 +567,12 @@ def free_group_predictor(pair: tb.PartitionedTableau, state: PRKState, h,
     chart at ``g_{k-1}`` and differ from this step's by ``O(h)`` on a non-commutative group.
     The state keeps the previous stage body velocities ``V^i`` instead (:func:`next_state`);
     they are extrapolated -- chart-free, through the node velocity ``ξ_k`` as well where the
-    stages lie inside the step -- and mapped into the chart at ``g_k`` by
-    ``H^i = d^Lτ^{-1}_{Ξ^i} V^i`` with ``Ξ = h a V`` (a second pass with ``Ξ = h a H``
+    stages lie inside the step (:func:`extrapolate`) -- and mapped into the chart at ``g_k``
+    by ``H^i = d^Lτ^{-1}_{Ξ^i} V^i`` with ``Ξ = h a V`` (a second pass with ``Ξ = h a H``
     changed no iteration count).  Updates per step on the heavy top (h = 0.05, Exp):
     Gauss(2) 4.85 -> 4.00, Gauss(3) 5.00 -> 3.94; Cayley Gauss(2) 5.08 -> 4.30."""
     dtype = state.p.dtype
-    E = through_the_node(pair, dtype)
-    V = state.stages
-    Vp = (mm(extrapolation(pair, dtype), V) if E is None else
-          mm(E, jnp.concatenate([V, state.v[None, :]])))
+    Vp = extrapolate(pair, state.stages, extrapolation(pair, dtype), lambda: state.v)
     if retraction.flat(group):
         return Vp
     Xi = h * mm(jnp.asarray(pair.q.a, dtype), Vp)
@@ -582,6 +599,6 @@ def next_state(state: PRKState, mode: str, X, out: StepOutput, h, v_free=None) -
         lams = state.lams
     v1 = v_free if out.v is None else out.v
     # free: the stage body velocities, whatever the chart (free_group_predictor)
-    stages = out.body if mode == "free" and out.body is not None else H
+    stages = H if out.body is None else out.body
     return PRKState(t=state.t + h, q=out.q, p=out.p, v=v1, lam=lams[-1], stages=stages,
                     lams=lams)

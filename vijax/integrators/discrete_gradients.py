@@ -42,7 +42,7 @@ the skew symmetry of ``Π``).
 
 from __future__ import annotations
 
-from typing import Callable, ClassVar, Literal, Optional
+from typing import Callable, Literal, Optional
 
 import equinox as eqx
 import jax
@@ -55,7 +55,7 @@ from .._linalg import mm
 from ..constraints import check_nonholonomic_consistent
 from .._typing import ScalarLike, Vector
 from ..quadrature import gauss_quadrature
-from ..solvers import AbstractFixedPoint, AbstractRootSolver, FixedPoint, Newton, SolverStats
+from ..solvers import AbstractRootSolver, FixedPoint, Newton, SolverStats
 from ..systems import ForcedSystem, MechanicalSystem, NonholonomicSystem
 from ._base import AbstractIntegrator, AbstractState, IncompatibleSystemError, accepting
 
@@ -288,18 +288,6 @@ def _metric_solve(g: Float[Array, "m m"], rho: Vector) -> Vector:
     Newton 830--860 against 590--610 µs and with the preconditioned fixed point 70 against
     63 µs."""
     return mm(_linalg.inv(g), rho) if g.shape[-1] <= 3 else jnp.linalg.solve(g, rho)
-
-
-class _FloorFixedPoint(AbstractFixedPoint):
-    """:class:`~vijax.solvers.FixedPoint` stopping on the last contraction rate alone: run to
-    the round-off floor (``eps/100``, below what the iterates reach), its tolerance keeps the
-    margin that the slower of the last two rates gives a solver at ``10 eps``, which here
-    only cost updates (the CVT gearbox, h = 0.1: 5.28 against 5.11 per step)."""
-
-    _two_rates: ClassVar[bool] = False
-
-    def _default_min_steps(self) -> dict:
-        return FixedPoint()._default_min_steps()
 
 
 class ReducedForm(eqx.Module):
@@ -600,7 +588,7 @@ class DiscreteGradient(AbstractLinearNonholonomicMethod):
             return self.solver
         tol = 0.01 * float(jnp.finfo(dtype).eps)
         if self.formulation == "reduced":
-            return _FloorFixedPoint(rtol=tol, atol=tol)
+            return FixedPoint(rtol=tol, atol=tol)
         return Newton(rtol=tol, atol=tol)
 
     # -- presets ---------------------------------------------------------------------------

@@ -43,8 +43,8 @@ from ..quadrature import (
 from ..solvers import AbstractRootSolver, FixedPoint, SolverStats
 from ..systems import ForcedSystem, LagrangianSystem, MechanicalSystem, TimeDependentSystem
 from ._base import AbstractDenseIntegrator, AbstractIntegrator, AbstractState
-from ._prk_core import (at_nodes, extrapolation, free_precond, momentum_coupling,
-                        stage_equations, through_the_node, vector_space)
+from ._prk_core import (at_nodes, extrapolate, extrapolation, free_precond,
+                        momentum_coupling, stage_equations, vector_space)
 
 __all__ = ["AbstractPRK", "VPRK", "VPRKState", "stage_values", "at_nodes"]
 
@@ -277,57 +277,44 @@ class VPRK(TableauPresets, AbstractPRK):
         """Predictor matrix: previous stages -> this step's stages."""
         return extrapolation(self.tableau, dtype, constant=self.predictor == "constant")
 
-    def _through_the_node(self, dtype):
-        """``(s, s + 1)`` predictor matrix: the polynomial through the previous step's stage
-        values and the value at its end node, at this step's stages -- or ``None`` where it
-        does not apply (``predictor="constant"``, or a stage on a node: Lobatto, Radau).
+    def _extrapolate(self, values, extrap, node):
+        """:func:`~vijax.integrators._prk_core.extrapolate`: ``values`` by ``extrap``, through
+        the node value ``node()`` as well unless ``predictor="constant"``."""
+        return extrapolate(self.tableau, values, extrap,
+                           node if self.predictor == "extrapolate" else None)
 
-        The stage values have stage order ``s`` and the node values order ``2s``: the
-        polynomial of degree ``s`` through both extrapolates with error ``O(h^{s+1})``
-        instead of ``O(h^s)`` (measured slopes on the double pendulum: 2.96 against 2.00 for
-        Gauss(2), 3.99 against 2.96 for Gauss(3)), for one evaluation at the node per step.
-        Updates per step, velocity form, the chaotic double pendulum (16 members to
-        T = 1e3): 4.82 -> 4.23 (Gauss(4), h = 0.0175), 4.58 -> 3.94 (Gauss(3), h = 0.01),
-        5.16 -> 4.42 (Gauss(2), h = 0.01); force form, Kepler (e = 0.5): 2.52 -> 2.19
-        (Gauss(2), h = 0.01), 3.42 -> 2.78 (Gauss(3), h = 0.05)."""
-        return None if self.predictor != "extrapolate" else through_the_node(self.tableau, dtype)
+    def _at_end(self, stages):
+        """The stage values' interpolation polynomial at the step's end node."""
+        c = np.asarray(self.tableau.q.c)
+        return mm(jnp.asarray(lagrange_extrapolation_matrix(c, np.ones(1)), stages.dtype),
+                  stages)[0]
 
     def _velocity_predictor(self, system, state: VPRKState, extrap):
-        """The stage velocities' warm start of the velocity form: the previous step's stage
-        velocities extrapolated, through the node velocity ``v_k = M(q_k)^{-1} p_k`` as well
-        where :meth:`_through_the_node` applies."""
-        E = self._through_the_node(state.q.dtype)
-        if E is None:
-            return mm(extrap, state.stages)
-        vk = mm(system.at(state.t).inverse_mass_matrix(state.q), state.p)
-        return mm(E, jnp.concatenate([state.stages, vk[None, :]]))
+        """The stage velocities' warm start of the velocity form: the previous stage
+        velocities extrapolated through the node velocity ``v_k = M(q_k)^{-1} p_k``."""
+        return self._extrapolate(state.stages, extrap, lambda: mm(
+            system.at(state.t).inverse_mass_matrix(state.q), state.p))
 
-    def _momentum_predictor(self, system, state: VPRKState, V0, minv):
-        """The stage velocities' warm start of the momentum form (general Lagrangians):
-        ``V0`` (the previous stage velocities extrapolated) or, where
-        :meth:`_through_the_node` applies, the polynomial through the node velocity as well,
-        found by one Newton step on ``D2L(q_k, v) = p_k`` from the polynomial's value at the
-        node with ``minv``, the inverse velocity Hessian at ``(q_k, V0[-1])`` (``O(h)`` from
-        it: the node velocity to ``O(h^{s+1})``)."""
-        E = self._through_the_node(state.q.dtype)
-        if E is None:
-            return V0
-        c = np.asarray(self.tableau.q.c, float)
-        to_end = jnp.asarray(lagrange_extrapolation_matrix(c, np.ones(1)), state.q.dtype)
-        guess = mm(to_end, state.stages)[0]
-        vk = guess + mm(minv, state.p - system.at(state.t).momentum(state.q, guess))
-        return mm(E, jnp.concatenate([state.stages, vk[None, :]]))
+    def _momentum_predictor(self, system, state: VPRKState, extrap, minv):
+        """The stage velocities' warm start of the momentum form (general Lagrangians): the
+        previous stage velocities extrapolated through the node velocity from one Newton
+        step on ``D2L(q_k, v) = p_k`` from the polynomial's value at the node, with ``minv``
+        the inverse velocity Hessian at the predicted last stage (``O(h)`` from it: the node
+        velocity to ``O(h^{s+1})``)."""
+        def node():
+            guess = self._at_end(state.stages)
+            return guess + mm(minv, state.p - system.at(state.t).momentum(state.q, guess))
+
+        return self._extrapolate(state.stages, extrap, node)
 
     def _force_predictor(self, system, state: VPRKState, extrap, minv, force=None):
         """The stage forces' warm start of the force form (constant mass matrix ``minv⁻¹``):
-        the previous step's stage forces extrapolated, through the node force
-        ``D1L(q_k, M^{-1} p_k)`` as well where :meth:`_through_the_node` applies and no
-        external force is given (a force's controls are given per stage)."""
-        E = None if force is not None else self._through_the_node(state.q.dtype)
-        if E is None:
-            return mm(extrap, state.forces)
-        Wk = system.at(state.t).d1_lagrangian(state.q, mm(minv, state.p))
-        return mm(E, jnp.concatenate([state.forces, Wk[None, :]]))
+        the previous stage forces extrapolated, through the node force
+        ``D1L(q_k, M^{-1} p_k)`` as well when no external force is given (a force's
+        controls are given per stage)."""
+        node = None if force is not None else (
+            lambda: system.at(state.t).d1_lagrangian(state.q, mm(minv, state.p)))
+        return self._extrapolate(state.forces, extrap, node)
 
     def step(self, system: LagrangianSystem, state: VPRKState, h: ScalarLike, u=None
              ) -> tuple[VPRKState, SolverStats]:
@@ -382,7 +369,7 @@ class VPRK(TableauPresets, AbstractPRK):
                 precond = free_precond(self.tableau, group, minv, p, V0[-1], h,
                                        momentum_coupling(at_t, group, q, V0[-1]))
                 none = jnp.zeros((0,), q.dtype)
-                V0 = self._momentum_predictor(system, state, V0, minv)
+                V0 = self._momentum_predictor(system, state, extrap, minv)
 
                 def residual(V):
                     res, out = stage_equations(self.tableau, group, retraction, system, "free",
@@ -397,7 +384,6 @@ class VPRK(TableauPresets, AbstractPRK):
         return new, stats
 
     def velocity(self, system: LagrangianSystem, state: VPRKState) -> Vector:
-        c = np.asarray(self.tableau.q.c)
-        to_end = jnp.asarray(lagrange_extrapolation_matrix(c, np.ones(1)), state.q.dtype)
-        guess = (to_end @ state.stages)[0] if self.predictor == "extrapolate" else state.stages[-1]
+        guess = (self._at_end(state.stages) if self.predictor == "extrapolate"
+                 else state.stages[-1])
         return system.at(state.t).velocity(state.q, state.p, guess)
