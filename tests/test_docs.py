@@ -64,6 +64,18 @@ def test_time_dependent_example_runs():
     run_python(code)
 
 
+def test_order_table_example_loads_the_study_design_of_the_tests():
+    """``make orders`` (examples/order_table.py) loads tests/test_vprk_numerics.py as a module,
+    without tests/ on the path: that module imports nothing from the tests' helpers at import
+    time (an import of ``helpers`` there once broke ``make orders``)."""
+    run_python("import importlib.util, pathlib\n"
+               "spec = importlib.util.spec_from_file_location('_vprk_numerics', "
+               "pathlib.Path('tests') / 'test_vprk_numerics.py')\n"
+               "module = importlib.util.module_from_spec(spec)\n"
+               "spec.loader.exec_module(module)\n"
+               "assert module.STEP_COUNTS\n")
+
+
 @pytest.mark.slow
 def test_readme_quick_start_runs():
     """The README's quick start, as a user pastes it (a fresh process; 26 s, hence slow)."""
