@@ -468,6 +468,57 @@ def test_vmap_matches_loop_including_stats(solver):
     assert len(set(np.asarray(sts.iterations).tolist())) > 1  # genuinely different counts
 
 
+def _kepler_fixed_point(e, w=1.0):
+    """Kepler's equation ``E - e sin E = M`` as a fixed point preconditioned by 1: the rate is
+    about ``e |cos E|``, so members of different eccentricity need very different counts.
+    ``w = 0``: the residual ``-1``, whose iterates move by 1 forever (no root)."""
+    return lambda x: w * (x - e * jnp.sin(x) - 1.0) + (w - 1.0)
+
+
+def _while_loops(fn, *args) -> int:
+    return str(jax.make_jaxpr(fn)(*args)).count("while[")
+
+
+def test_lane_compaction_keeps_every_member_its_own_loop():
+    """Under vmap over enough members (64 on a CPU) the loop runs batched only while more than
+    an eighth of them iterate; the rest finish in a compacted batch.  Each member's root,
+    iteration count and convergence flag are those of its own solve; a member that fails is
+    reported, and the compaction is really there (a second while loop in the batched
+    program)."""
+    es = jnp.concatenate([jnp.linspace(0.0, 0.6, 77), jnp.array([0.95, 0.99, 0.5])])
+    ws = jnp.ones_like(es).at[-1].set(0.0)         # the last one has no root
+    solver = FixedPoint(max_steps=400)
+    solve = lambda e, w=1.0: solver.solve(_kepler_fixed_point(e, w), jnp.ones(1))  # noqa: E731
+    xs, sts = jax.jit(jax.vmap(solve))(es, ws)
+    counts = np.asarray(sts.iterations)[:-1]
+    assert counts.max() > 2 * np.median(counts)                       # a real tail
+    for i, e in enumerate(es):
+        x, st = jax.jit(solve)(e, ws[i])
+        np.testing.assert_allclose(xs[i], x, rtol=1e-15, atol=1e-15)
+        assert int(sts.iterations[i]) == int(st.iterations)
+        assert bool(sts.converged[i]) == bool(st.converged)
+    assert not bool(sts.converged[-1]) and bool(np.all(np.asarray(sts.converged[:-1])))
+    assert int(sts.iterations[-1]) == 400                             # ran to the cap
+    assert _while_loops(jax.vmap(solve), es, ws) == 2
+    assert _while_loops(jax.vmap(solve), es[:32], ws[:32]) == 1      # too few to compact
+    assert _while_loops(solve, es[0]) == 1
+
+
+def test_lane_compaction_is_not_differentiated():
+    """A derivative's primal runs the plain loop (custom_vmap has its own derivative rule,
+    which the second derivatives through a solve would reach): gradients of a batched solve
+    are those of the single ones."""
+    es = jnp.linspace(0.1, 0.9, 96)
+    root = lambda e: FixedPoint().solve(_kepler_fixed_point(e), jnp.ones(1))[0][0]  # noqa: E731
+    g = jax.jit(jax.vmap(jax.grad(root)))(es)
+    h = jax.jit(jax.vmap(jax.grad(jax.grad(root))))(es)
+    x = jax.vmap(root)(es)
+    # dE/de = sin E / (1 - e cos E), and its derivative
+    np.testing.assert_allclose(g, jnp.sin(x) / (1 - es * jnp.cos(x)), rtol=1e-12)
+    dg = jax.vmap(jax.grad(lambda e: jnp.sin(root(e)) / (1 - e * jnp.cos(root(e)))))(es)
+    np.testing.assert_allclose(h, dg, rtol=1e-10)
+
+
 def test_vmap_of_grad_and_jit_of_vmap():
     batch = jnp.array([[0.5, 1.5, 2.0], [1.0, 3.0, 0.2]])
     g = jax.jit(jax.vmap(jax.grad(lambda a: jnp.sum(cubic_root(Newton(), a)))))(batch)

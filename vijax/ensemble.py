@@ -3,10 +3,10 @@
 :func:`simulate_ensemble` is :func:`vijax.simulate` under :func:`jax.vmap`, compiled once per
 static configuration and run in chunks of ``batch_size`` members (:func:`jax.lax.map`), so
 that an ensemble larger than the device's working memory runs in one call.  Every member
-takes the same steps: under ``vmap`` the stage solver's loop runs until the slowest member of
-a chunk has converged (the others are masked), which costs little because the stage loop
-starts with the solver's ``min_steps`` straight-line updates and a good predictor leaves one
-or two more iterations at most (``benchmarks/ensemble.py`` measures this).
+takes the same steps.  Under ``vmap`` the stage solver's loop does not make a chunk wait for
+its slowest member: once at most an eighth of the members are still iterating, those are
+gathered into a smaller batch and finished there
+(:func:`vijax.solvers.lane_compacting_while`; ``benchmarks/lane_compaction.py`` measures it).
 
 On several devices (``devices=``) the members are sharded over a mesh axis named
 ``"members"`` and each device runs the same batched program on its own block under
