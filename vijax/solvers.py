@@ -254,12 +254,13 @@ class UnrolledAdjoint(AbstractAdjoint):
 # on, the loop runs batched only while more than 1/_COMPACT_SHARE of them are still iterating;
 # those left (at most that share) are then gathered into a batch of that size, finished there,
 # and scattered back.  The tail's iterations then cost 1/_COMPACT_SHARE of a batched one.
-# Measured on CPU (benchmarks/lane_compaction.py): NonholonomicVPRK.lobatto(3) on the chaotic
-# system at h = 0.2 (7.4 updates per step on average, 13-16 for the slowest of 1024 members)
-# runs 1.19-1.50x faster at 64-4096 members (share 4: 1.20-1.45x, 16: 1.36-1.47x); VPRK.gauss(6)
-# on the double pendulum (uniform counts) 1.02x; GroupVPRK.gauss(2) on the heavy top 1.01 (64
-# members) to 1.43x (4096), the nonholonomic unicycle 1.05-1.15x.  At 16 members it ranged
-# 0.94-1.03x, hence the 64 where it starts on a CPU.  On a GPU a batch
+# Measured on CPU (benchmarks/lane_compaction.py, both programs alternating in one process):
+# NonholonomicVPRK.lobatto(3) on the chaotic system at h = 0.2 (7.4 updates per step on average,
+# 13-16 for the slowest of 1024 members) runs 1.22-1.58x faster at 64-4096 members (without the
+# tail's own compaction 1.19-1.50x; a share of 4: 1.20-1.45x, 16: 1.36-1.47x); the nonholonomic
+# unicycle on SE(2) 1.01-1.17x; VPRK.gauss(6) on the double pendulum and GroupVPRK.gauss(2) on
+# the heavy top (uniform counts) 1.00-1.03x.  At 16 members it ranged 0.96-1.08x, hence the 64
+# where it starts on a CPU.  On a GPU a batch
 # below a few thousand members is bound by kernel launches, not by the lanes' work, and the
 # compaction adds launches: there it starts where an H200 was saturated (16384 members of the
 # chaotic system ran at the throughput of 262144; the compacted loop has not been timed on a
@@ -336,8 +337,10 @@ def lane_compacting_while(cond: Callable, body: Callable, init: PyTree) -> PyTre
         dest = jnp.where(jnp.arange(share) < jnp.sum(on), idx, size)   # size: dropped
         take = lambda tree, bs: jax.tree_util.tree_map(  # noqa: E731
             lambda x, b: x[idx] if b else x, tree, bs)
-        sub = batched(run)(jax.tree_util.tree_map(lambda x: x[idx], carry),
-                           take(consts, consts_b), take(cconsts, cconsts_b))
+        # (this loop again where the tail is itself large enough: it compacts its own tail)
+        inner = loop if _compact_min() <= share < size else run
+        sub = batched(inner)(jax.tree_util.tree_map(lambda x: x[idx], carry),
+                             take(consts, consts_b), take(cconsts, cconsts_b))
         out = jax.tree_util.tree_map(lambda x, y: x.at[dest].set(y, mode="drop"), carry, sub)
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
