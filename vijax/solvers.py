@@ -256,7 +256,7 @@ class UnrolledAdjoint(AbstractAdjoint):
 # and scattered back.  The tail's iterations then cost 1/_COMPACT_SHARE of a batched one.
 # Measured on CPU (benchmarks/lane_compaction.py, both programs alternating in one process):
 # NonholonomicVPRK.lobatto(3) on the chaotic system at h = 0.2 (7.4 updates per step on average,
-# 13-16 for the slowest of 1024 members) runs 1.22-1.58x faster at 64-4096 members (without the
+# 13-16 for the slowest of 1024 members) runs 1.21-1.55x faster at 64-4096 members (without the
 # tail's own compaction 1.19-1.50x; a share of 4: 1.20-1.45x, 16: 1.36-1.47x); the nonholonomic
 # unicycle on SE(2) 1.01-1.17x; VPRK.gauss(6) on the double pendulum and GroupVPRK.gauss(2) on
 # the heavy top (uniform counts) 1.00-1.03x.  At 16 members it ranged 0.96-1.08x, hence the 64
@@ -267,6 +267,10 @@ class UnrolledAdjoint(AbstractAdjoint):
 # GPU yet).
 _COMPACT_MIN = {"cpu": 64, "gpu": 16384}
 _COMPACT_SHARE = 8
+# A tail of at least this many members compacts its own tail (a loop body more to compile:
+# 4096 chaotic members compiled in 1.17 s plain, 2.62 s with every level down to 64, and ran
+# 1.58x instead of 1.50x faster than plain; from 512 on, 4096 -> 512 -> 64 is one level less).
+_COMPACT_NESTED = 512
 
 
 def _compact_min() -> int:
@@ -337,8 +341,8 @@ def lane_compacting_while(cond: Callable, body: Callable, init: PyTree) -> PyTre
         dest = jnp.where(jnp.arange(share) < jnp.sum(on), idx, size)   # size: dropped
         take = lambda tree, bs: jax.tree_util.tree_map(  # noqa: E731
             lambda x, b: x[idx] if b else x, tree, bs)
-        # (this loop again where the tail is itself large enough: it compacts its own tail)
-        inner = loop if _compact_min() <= share < size else run
+        # (this loop again where the tail is itself large: it compacts its own tail)
+        inner = loop if max(_compact_min(), _COMPACT_NESTED) <= share < size else run
         sub = batched(inner)(jax.tree_util.tree_map(lambda x: x[idx], carry),
                              take(consts, consts_b), take(cconsts, cconsts_b))
         out = jax.tree_util.tree_map(lambda x, y: x.at[dest].set(y, mode="drop"), carry, sub)
