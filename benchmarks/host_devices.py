@@ -8,7 +8,8 @@ E0 = 3.06, T = 10) both ways, for both integrators at the pair of steps that par
 accurate (``NonholonomicVPRK.lobatto(3)`` at h = 0.2: RMS energy error 4.3e-5; Tsit5 at
 dt = 0.2: 3.0e-5), each with chunks of ``--chunks`` members (``None``: all at once):
 
-* vijax: ``vj.simulate_ensemble(..., devices="all", batch_size=chunk)``;
+* vijax: ``vj.simulate_ensemble(..., devices="all", batch_size=chunk)``, called as users call
+  it (on one device: one block of members per core from threads, chunks of 64 by default);
 * Tsit5: ``jax.vmap`` of ``diffrax.diffeqsolve`` (field: ``vj.constraints.nonholonomic_acceleration``)
   in chunks (``jax.lax.map``), under ``jax.shard_map`` over the same devices.
 

@@ -2,6 +2,7 @@
 failures are reported per member or raised, and bad input is named."""
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -93,6 +94,35 @@ def test_a_failed_member_is_reported_or_raises():
     assert not ok[2] and ok[[0, 1, 3, 4]].all()
     with pytest.raises(Exception, match="did not converge"):
         ensemble(q0=q0)
+
+
+def test_a_called_ensemble_runs_a_block_per_core(monkeypatch):
+    """On a CPU a called ensemble runs one block of members per core from threads (three cores
+    here, 131 members: the last block padded); a traced one is one program.  Both give the
+    same members, statistics included; a failed member is reported at its own index, or
+    raises."""
+    import vijax.ensemble as E
+    monkeypatch.setattr(E, "_cores", lambda: 3)
+    rng = np.random.default_rng(1)
+    q0 = jnp.asarray(np.stack([rng.uniform(0.5, 1.1, 131), rng.uniform(-0.3, 0.3, 131)], 1))
+    v0 = jnp.asarray(np.stack([rng.uniform(-0.2, 0.2, 131), rng.uniform(0.9, 1.4, 131)], 1))
+    assert E._cpu_threads((None, q0, v0), 131) == 2       # at least 64 members a block
+    args = dict(dt=0.05, n_steps=20, save_every=5)
+    called = vj.simulate_ensemble(SYSTEM, GAUSS2, q0=q0, v0=v0, **args)
+    traced = jax.jit(lambda q, v: vj.simulate_ensemble(SYSTEM, GAUSS2, q0=q, v0=v, **args))(
+        q0, v0)
+    assert called.q.shape == traced.q.shape == (131, 5, 2)
+    np.testing.assert_allclose(called.q, traced.q, rtol=1e-13, atol=1e-13)
+    np.testing.assert_array_equal(called.stats.iterations, traced.stats.iterations)
+    for i in (0, 70, 130):
+        single = vj.simulate(SYSTEM, GAUSS2, q0=q0[i], v0=v0[i], **args)
+        np.testing.assert_allclose(called.q[i], single.q, rtol=1e-13, atol=1e-13)
+    bad = q0.at[100].set(jnp.array([1e-4, 0.0]))
+    sol = vj.simulate_ensemble(SYSTEM, GAUSS2, q0=bad, v0=v0, throw=False, **args)
+    ok = np.asarray(sol.stats.converged.all(axis=1))
+    assert not ok[100] and ok[np.arange(131) != 100].all()
+    with pytest.raises(Exception, match="did not converge"):
+        vj.simulate_ensemble(SYSTEM, GAUSS2, q0=bad, v0=v0, **args)
 
 
 @pytest.mark.parametrize("kwargs, match", [
