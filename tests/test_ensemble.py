@@ -106,7 +106,8 @@ def test_a_called_ensemble_runs_a_block_per_core(monkeypatch):
     rng = np.random.default_rng(1)
     q0 = jnp.asarray(np.stack([rng.uniform(0.5, 1.1, 131), rng.uniform(-0.3, 0.3, 131)], 1))
     v0 = jnp.asarray(np.stack([rng.uniform(-0.2, 0.2, 131), rng.uniform(0.9, 1.4, 131)], 1))
-    assert E._cpu_threads((None, q0, v0), 131) == 2       # at least 64 members a block
+    monkeypatch.setattr(E, "_CPU_MIN_WORK", 1)
+    assert E._cpu_threads((None, q0, v0), 131, 20) == 2   # at least 64 members a block
     args = dict(dt=0.05, n_steps=20, save_every=5)
     called = vj.simulate_ensemble(SYSTEM, GAUSS2, q0=q0, v0=v0, **args)
     traced = jax.jit(lambda q, v: vj.simulate_ensemble(SYSTEM, GAUSS2, q0=q, v0=v, **args))(
