@@ -132,3 +132,16 @@ def constraint_residuals(system, q, v):
     g = jax.vmap(system.holonomic)(q)
     hidden = jax.vmap(lambda qk, vk: vj.constraints.hidden_constraint(system, qk, vk))(q, v)
     return float(jnp.max(jnp.abs(g))), float(jnp.max(jnp.abs(hidden)))
+
+
+def while_loops(jaxpr) -> int:
+    """The ``while`` loops in a jaxpr, nested ones included."""
+    n = 0
+    for eqn in jaxpr.eqns:
+        n += eqn.primitive.name == "while"
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                sub = getattr(sub, "jaxpr", sub)
+                if hasattr(sub, "eqns"):
+                    n += while_loops(sub)
+    return n

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import vijax as vj
+from helpers import while_loops
 from vijax import systems as S
 
 pytestmark = pytest.mark.fast_compile  # compile-bound: see tests/conftest.py
@@ -317,19 +318,6 @@ def test_second_derivatives_through_the_stage_solves_match_central_differences()
     assert np.max(np.abs(fwd_fwd - hess)) <= 1e-10 * scale, (fwd_fwd, hess)
 
 
-def _while_loops(jaxpr) -> int:
-    """The ``while`` loops in a jaxpr, nested ones included."""
-    n = 0
-    for eqn in jaxpr.eqns:
-        n += eqn.primitive.name == "while"
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (list, tuple)) else [param]:
-                sub = getattr(sub, "jaxpr", sub)
-                if hasattr(sub, "eqns"):
-                    n += _while_loops(sub)
-    return n
-
-
 def test_the_backward_pass_linearises_at_the_stored_stage_root():
     """A step rematerialised with the stage root saved (``vj.solvers.STAGE_ROOT``) solves its
     stage equations once: its gradient's program has the forward solve's loop only, and the
@@ -347,8 +335,8 @@ def test_the_backward_pass_linearises_at_the_stored_stage_root():
     saved, saved_jaxpr = grad_of(
         jax.checkpoint_policies.save_only_these_names(vj.solvers.STAGE_ROOT))
     rerun, rerun_jaxpr = grad_of(None)
-    assert _while_loops(saved_jaxpr) == 2  # the two forward steps' solves
-    assert _while_loops(rerun_jaxpr) == 4  # and again in the backward pass
+    assert while_loops(saved_jaxpr) == 2  # the two forward steps' solves
+    assert while_loops(rerun_jaxpr) == 4  # and again in the backward pass
     for a, b in zip(jax.tree_util.tree_leaves(saved(state)),
                     jax.tree_util.tree_leaves(rerun(state))):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
@@ -359,7 +347,7 @@ def test_the_backward_pass_linearises_at_the_stored_stage_root():
         return jnp.sum(sol.q ** 2)
 
     if jax.default_backend() == "cpu":
-        assert _while_loops(jax.make_jaxpr(jax.grad(loss))(jnp.array([1.0, 1.5])).jaxpr) == 1
+        assert while_loops(jax.make_jaxpr(jax.grad(loss))(jnp.array([1.0, 1.5])).jaxpr) == 1
 
 
 def test_small_products_differentiate_like_matmul():

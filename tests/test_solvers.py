@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import while_loops
 
 from vijax.solvers import (FixedPoint, ImplicitAdjoint, Newton, SimplifiedNewton, UnrolledAdjoint,
                            default_tolerance)
@@ -475,10 +476,6 @@ def _kepler_fixed_point(e, w=1.0):
     return lambda x: w * (x - e * jnp.sin(x) - 1.0) + (w - 1.0)
 
 
-def _while_loops(fn, *args) -> int:
-    return str(jax.make_jaxpr(fn)(*args)).count("while[")
-
-
 def test_lane_compaction_keeps_every_member_its_own_loop():
     """Under vmap over enough members (64 on a CPU) the loop runs batched only while more than
     an eighth of them iterate; the rest finish in a compacted batch.  Each member's root,
@@ -499,9 +496,10 @@ def test_lane_compaction_keeps_every_member_its_own_loop():
         assert bool(sts.converged[i]) == bool(st.converged)
     assert not bool(sts.converged[-1]) and bool(np.all(np.asarray(sts.converged[:-1])))
     assert int(sts.iterations[-1]) == 400                             # ran to the cap
-    assert _while_loops(jax.vmap(solve), es, ws) == 2
-    assert _while_loops(jax.vmap(solve), es[:32], ws[:32]) == 1      # too few to compact
-    assert _while_loops(solve, es[0]) == 1
+    loops = lambda fn, *args: while_loops(jax.make_jaxpr(fn)(*args).jaxpr)  # noqa: E731
+    assert loops(jax.vmap(solve), es, ws) == 2
+    assert loops(jax.vmap(solve), es[:32], ws[:32]) == 1             # too few to compact
+    assert loops(solve, es[0]) == 1
 
 
 def test_lane_compaction_is_not_differentiated():

@@ -177,13 +177,10 @@ def _cpu_threads(members, count: int, n_steps: int) -> int:
 
 def _run_threads(members, shared, threads: int, count: int, name, n_steps, save_every,
                  batch_size, throw, project):
-    """The members in ``threads`` equal blocks (the last padded with copies of the last
-    member: one compilation), each run by :func:`_run` from its own thread, joined."""
-    per = -(-count // threads)
-    pad = per * threads - count
-    if pad:
-        members = jax.tree.map(
-            lambda x: jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)]), members)
+    """The members in ``threads`` equal blocks (padded, :func:`_pad`: one compilation), each
+    run by :func:`_run` from its own thread, joined."""
+    members = _pad(members, threads)
+    per = members[2].shape[0] // threads
     blocks = [jax.tree.map(lambda x: x[i * per:(i + 1) * per], members) for i in range(threads)]
     chunk = _CPU_CHUNK if batch_size is None else batch_size
     static = (None, name, n_steps, save_every, chunk, throw, project)
@@ -279,14 +276,20 @@ def _mesh(devices) -> Optional[Mesh]:
     return Mesh(np.asarray(devices), (_AXIS,))
 
 
+def _pad(members, blocks: int):
+    """The members padded to a multiple of ``blocks`` with copies of the last member (valid
+    input, failing only if that member fails; dropped from the result)."""
+    pad = -members[2].shape[0] % blocks
+    if not pad:
+        return members
+    return jax.tree.map(lambda x: jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)]),
+                        members)
+
+
 def _place(members, shared, mesh: Mesh):
-    """The members padded to a multiple of the devices along the mesh's ``"members"`` axis,
-    with copies of the last member (valid input, failing only if that member fails), and
-    sharded along it; the arrays they share, replicated."""
-    pad = -members[2].shape[0] % mesh.shape[_AXIS]
-    if pad:
-        members = jax.tree.map(
-            lambda x: jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)]), members)
+    """The members padded to a multiple of the devices (:func:`_pad`) and sharded along the
+    mesh's ``"members"`` axis; the arrays they share, replicated."""
+    members = _pad(members, mesh.shape[_AXIS])
     arrays, static = eqx.partition(shared, eqx.is_array)
     members, arrays = jax.device_put((members, arrays), (
         NamedSharding(mesh, PartitionSpec(_AXIS)), NamedSharding(mesh, PartitionSpec())))

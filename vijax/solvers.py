@@ -273,8 +273,13 @@ _COMPACT_SHARE = 8
 _COMPACT_NESTED = 512
 
 
+def _for_backend(table: dict):
+    """``table``'s entry for :func:`jax.default_backend` (others: its ``"gpu"`` entry)."""
+    return table.get(jax.default_backend(), table["gpu"])
+
+
 def _compact_min() -> int:
-    return _COMPACT_MIN.get(jax.default_backend(), _COMPACT_MIN["gpu"])
+    return _for_backend(_COMPACT_MIN)
 
 
 def _hoist(fn: Callable, example: PyTree) -> tuple[Callable, list]:
@@ -433,8 +438,7 @@ class AbstractRootSolver(eqx.Module):
         is ``None`` the default for the backend (:func:`jax.default_backend`)."""
         if self.min_steps is not None:
             return min(self.min_steps, self.max_steps)
-        table = self._default_min_steps()
-        return min(table.get(jax.default_backend(), table["gpu"]), self.max_steps)
+        return min(_for_backend(self._default_min_steps()), self.max_steps)
 
     @abc.abstractmethod
     def _make_update(
