@@ -42,7 +42,8 @@ import numpy as np
 CASES = ("kepler", "general_kepler", "double_pendulum", "rattle", "galerkin4", "top_exp",
          "top_cayley", "cvt_dg", "cvt_dg_system", "cvt_dg_newton", "cvt_avf", "cvt_avf_system", "cvt_si_dla",
          "cvt_lobatto3",
-         "quartic_dg", "quartic_dg_newton", "quartic_lobatto3")
+         "quartic_dg", "quartic_dg_newton", "quartic_lobatto3", "unicycle_exp", "unicycle_cayley",
+         "ball_cayley")
 N_STEPS = 20_000
 
 
@@ -82,6 +83,12 @@ def build(vj, case):
                  else vj.GroupVPRK.gauss(2, retraction=vj.lie.Cayley()))
         table[case] = (top, integ, 0.05, (vj.lie.SO3().exp(jnp.array([0.3, -0.2, 0.4])),
                                           jnp.array([0.3, -0.8, 1.0])))
+    if case.startswith(("unicycle_", "ball_")):
+        system = (vj.systems.Unicycle() if case.startswith("unicycle_")
+                  else vj.systems.BallOnTurntable())
+        retraction = vj.lie.Exp() if case.endswith("_exp") else vj.lie.Cayley()
+        table[case] = (system, vj.GroupVPRK.lobatto(3, retraction=retraction),
+                       0.1 if case.startswith("unicycle_") else 0.05, system.initial())
     system, integ, h, args = table[case]
     run = jax.jit(lambda q0, v0: vj.simulate(system, integ, q0=q0, v0=v0, dt=h,
                                              n_steps=N_STEPS, save_every=N_STEPS // 10).q)

@@ -47,7 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import (  # noqa: E402  (run.py also switches on float64, before any array exists)
-    _early_xla_flags,
+    XLA_SMALL_LOOP_THRESHOLD,
     _once,
     _stats,
     command_line,

@@ -94,8 +94,10 @@ def _householder(At, signs=None):
         chosen.append(s)
         w = col + (rows == c).astype(At.dtype) * (s * sigma)
         w = w / jnp.sqrt(jnp.sum(w ** 2))
-        R = R - 2.0 * w[:, None] * (w @ R)[None, :]
-        Q = Q - 2.0 * (Q @ w)[:, None] * w[None, :]
+        # (reductions, not dots: XLA:CPU runs the batched products of a vmap over quadrature
+        # nodes through YNNPACK library calls)
+        R = R - 2.0 * w[:, None] * jnp.sum(w[:, None] * R, axis=0)[None, :]
+        Q = Q - 2.0 * jnp.sum(Q * w[None, :], axis=1)[:, None] * w[None, :]
     return Q, jnp.stack(chosen) if k else jnp.zeros((0,), At.dtype)
 
 

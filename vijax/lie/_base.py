@@ -32,6 +32,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .._linalg import mm
+
 __all__ = ["AbstractLieGroup", "AbstractCayleyGroup", "AbstractMatrixLieGroup",
            "CommutativeVectorForms"]
 
@@ -175,7 +177,7 @@ class AbstractMatrixLieGroup(AbstractLieGroup):
         """Inverse of :meth:`hat`."""
 
     def compose(self, g, h):
-        return g @ h
+        return mm(g, h)
 
     def inverse(self, g):
         return jnp.linalg.inv(g)
