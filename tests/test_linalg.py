@@ -51,25 +51,3 @@ def test_solve_differentiates_like_the_lapack_solve(n):
     for a, r in zip(ours, ref):
         np.testing.assert_allclose(a, r, rtol=1e-12, atol=1e-12)
 
-
-@pytest.mark.parametrize("subscripts, shapes", [
-    ("kde,jbe->kjdb", [(3, 3, 3), (2, 1, 3)]),
-    ("ik,kj,iad,kjdb->iajb", [(2, 3), (3, 2), (2, 1, 3), (3, 2, 3, 1)]),
-    ("iad,ied->iae", [(2, 2, 3), (2, 3, 3)]),
-    ("ja,jad->jd", [(3, 2), (3, 2, 4)]),
-    ("ij,jk->ik", [(70, 70), (70, 70)]),          # above the size limit: jnp.einsum
-])
-def test_contract_is_einsum_without_dots(subscripts, shapes):
-    """``contract`` gives ``jnp.einsum``'s values and derivatives; below its size limit its
-    program holds no ``dot_general`` (which XLA:CPU may hand to a YNNPACK library call)."""
-    rng = np.random.default_rng(len(subscripts))
-    ops = [jnp.asarray(rng.standard_normal(s)) for s in shapes]
-    np.testing.assert_allclose(_linalg.contract(subscripts, *ops), jnp.einsum(subscripts, *ops),
-                               rtol=1e-13, atol=1e-13)
-    loss = lambda f: lambda *x: jnp.sum(jnp.sin(f(subscripts, *x)))  # noqa: E731
-    for a, r in zip(jax.grad(loss(_linalg.contract), argnums=(0, 1))(*ops),
-                    jax.grad(loss(jnp.einsum), argnums=(0, 1))(*ops)):
-        np.testing.assert_allclose(a, r, rtol=1e-12, atol=1e-12)
-    prims = {e.primitive.name for e in jax.make_jaxpr(
-        lambda *x: _linalg.contract(subscripts, *x))(*ops).jaxpr.eqns}
-    assert ("dot_general" in prims) == (shapes[0] == (70, 70))

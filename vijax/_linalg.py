@@ -9,13 +9,11 @@ operands go to LAPACK and ``dot`` as usual.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
-__all__ = ["inv", "mm", "contract", "solve", "factor"]
+__all__ = ["inv", "mm", "solve", "factor"]
 
 
 def inv(m):
@@ -90,36 +88,6 @@ def mm(a, b):
     if b.ndim == 1:
         out = out[..., 0]
     return out
-
-
-# Products of at most this many terms are written as broadcast products and sums by
-# :func:`contract`: XLA:CPU runs some small ``dot_general`` shapes through YNNPACK, a library
-# call that costs more than the arithmetic (a (3 x 3) (3 x 9) product in a loop: 302 ns per
-# iteration through YNNPACK, 92 ns as a plain dot).
-_SMALL_CONTRACTION = 4096
-
-
-def contract(subscripts: str, *operands):
-    """``jnp.einsum(subscripts, *operands)`` (explicit output, no repeated index within an
-    operand), as broadcast products summed over the contracted indices when the product
-    has at most ``_SMALL_CONTRACTION`` terms; ``jnp.einsum`` otherwise."""
-    inputs, output = subscripts.replace(" ", "").split("->")
-    inputs = inputs.split(",")
-    sizes = {}
-    for idx, op in zip(inputs, operands):
-        sizes.update(zip(idx, op.shape))
-    letters = output + "".join(sorted(set("".join(inputs)) - set(output)))
-    if math.prod(sizes[c] for c in letters) > _SMALL_CONTRACTION:
-        return jnp.einsum(subscripts, *operands)
-    prod = None
-    for idx, op in zip(inputs, operands):
-        # the operand's axes in the order of ``letters``, with unit axes for the others
-        x = jnp.transpose(op, sorted(range(len(idx)), key=lambda a: letters.index(idx[a])))
-        present = sorted(idx, key=letters.index)
-        x = x.reshape([sizes[c] if c in present else 1 for c in letters])
-        prod = x if prod is None else prod * x
-    summed = tuple(range(len(output), len(letters)))
-    return jnp.sum(prod, axis=summed) if summed else prod
 
 
 # Dense systems up to this size are solved by Gaussian elimination with partial pivoting

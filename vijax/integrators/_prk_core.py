@@ -56,7 +56,7 @@ from jaxtyping import Array, Float, PyTree
 
 from .. import constraints as cons
 from .. import tableaus as tb
-from .._linalg import contract, factor, mm
+from .._linalg import factor, mm
 from ..lie import AbstractLieGroup, AbstractRetraction, Exp, Rn
 from ..quadrature import lagrange_extrapolation_matrix
 from ..solvers import Newton
@@ -401,10 +401,10 @@ def nonholonomic_precond(pair: tb.PartitionedTableau, group: AbstractLieGroup,
     minv = at_nodes(system, times, lambda sy, x, v: sy.inverse_velocity_hessian(x, v), G, H0)
     # the constraint rows and impulses are those of stages 2..s only
     A2, B2 = at_nodes(system, times[1:], constraint_matrices, _rows(G, 1), H0[1:])
-    am = contract("iad,ied->iae", A2, minv[1:])                   # A_i M_i^{-1}    (s-1,m,d)
-    ma = contract("kde,jbe->kjdb", minv, A2)                      # M_k^{-1} A_jᵀ
+    am = jnp.einsum("iad,ied->iae", A2, minv[1:])                   # A_i M_i^{-1}    (s-1,m,d)
+    ma = jnp.einsum("kde,jbe->kjdb", minv, A2)                      # M_k^{-1} A_jᵀ
     n, m = A2.shape[0], A2.shape[1]
-    K = a2[:, None, :, None] * contract("iad,jbd->iajb", am, A2)
+    K = a2[:, None, :, None] * jnp.einsum("iad,jbd->iajb", am, A2)
     terms, gamma = [], None
     if not group.commutative:
         # the coadjoint terms of order h (ad = ad_η, Γ δ = ad_δᵀ μ_k at the step start):
@@ -419,9 +419,9 @@ def nonholonomic_precond(pair: tb.PartitionedTableau, group: AbstractLieGroup,
         e = (bn * cn - 0.5 * bn)[None, :] - 0.5 * (bn[None, :] - np.asarray(pair.p.a)) * cn
         e1 = jnp.asarray(e[:, 1:], dtype)                            # (s, s-1)
         dc = jnp.asarray(a_np[1:, 1:] * (cn[1:, None] - cn[None, 1:]), dtype)
-        B2 = B2 + contract("iad,de->iae", am, gamma)
-        K = K + h * dc[:, None, :, None] * contract("iad,ed,jbe->iajb", am, ad, A2)
-    K = K + h * contract("ik,kj,iad,kjdb->iajb", a1, ahat, B2, ma)
+        B2 = B2 + jnp.einsum("iad,de->iae", am, gamma)
+        K = K + h * dc[:, None, :, None] * jnp.einsum("iad,ed,jbe->iajb", am, ad, A2)
+    K = K + h * jnp.einsum("ik,kj,iad,kjdb->iajb", a1, ahat, B2, ma)
     solve_k = factor(K.reshape(n * m, n * m))
 
     stage_inverse = first_order_inverse(minv, terms, h, minv.shape[0])   # M_k^{-1}, corrected
@@ -429,11 +429,11 @@ def nonholonomic_precond(pair: tb.PartitionedTableau, group: AbstractLieGroup,
     def precond(r):
         res, phi = r[0], r[1]
         mres = stage_inverse(res)
-        rhs = phi - h * contract("iad,id->ia", B2, mm(a1, mres))
+        rhs = phi - h * jnp.einsum("iad,id->ia", B2, mm(a1, mres))
         if with_velocities:
-            rhs = rhs - contract("iad,id->ia", am, r[2])
+            rhs = rhs - jnp.einsum("iad,id->ia", am, r[2])
         Y = solve_k(rhs.reshape(-1)).reshape(n, m)
-        cf = contract("jad,ja->jd", A2, Y)                        # A_jᵀ dμ_j
+        cf = jnp.einsum("jad,ja->jd", A2, Y)                        # A_jᵀ dμ_j
         if gamma is None:
             dH = stage_inverse(res + mm(ahat, cf))
             dmu = mm(a2, cf)
@@ -442,7 +442,7 @@ def nonholonomic_precond(pair: tb.PartitionedTableau, group: AbstractLieGroup,
             dmu = mm(a2, cf) + h * (mm(dc, mm(cf, ad)) + mm(mm(a1, dH), gamma.T))
         if not with_velocities:
             return dH, Y, None
-        return dH, Y, contract("ide,ie->id", minv[1:], r[2] + dmu)
+        return dH, Y, jnp.einsum("ide,ie->id", minv[1:], r[2] + dmu)
 
     return precond
 
