@@ -134,14 +134,19 @@ def constraint_residuals(system, q, v):
     return float(jnp.max(jnp.abs(g))), float(jnp.max(jnp.abs(hidden)))
 
 
-def while_loops(jaxpr) -> int:
-    """The ``while`` loops in a jaxpr, nested ones included."""
-    n = 0
+def primitives(jaxpr) -> list[str]:
+    """The primitive of every equation in a jaxpr, nested jaxprs included."""
+    out = []
     for eqn in jaxpr.eqns:
-        n += eqn.primitive.name == "while"
+        out.append(eqn.primitive.name)
         for param in eqn.params.values():
             for sub in param if isinstance(param, (list, tuple)) else [param]:
                 sub = getattr(sub, "jaxpr", sub)
                 if hasattr(sub, "eqns"):
-                    n += while_loops(sub)
-    return n
+                    out += primitives(sub)
+    return out
+
+
+def while_loops(jaxpr) -> int:
+    """The ``while`` loops in a jaxpr, nested ones included."""
+    return primitives(jaxpr).count("while")

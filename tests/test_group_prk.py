@@ -740,3 +740,27 @@ def test_free_predictor_maps_the_body_velocities_into_the_new_chart(retraction):
     assert abs(slope(mapped) - 3.0) < 0.3, mapped
     assert abs(slope(unmapped) - 2.0) < 0.3, unmapped
     assert mapped[-1] < 0.1 * unmapped[-1]
+
+
+def test_group_steps_hold_no_wide_products_or_scatters():
+    """Matrix groups compose by fusible small products, without a ``dot_general``: under the
+    ``vmap`` over the stages, a product of a stack of elements with one shared element is one
+    wide matrix product, which XLA:CPU hands to the YNNPACK library (a call costing several
+    small products).  And a heavy-top step holds no scatter, although reverse passes run inside
+    it (the stage forces are gradients): SO(3)'s ``hat`` is a stack of its entries, not a
+    gather, whose transpose is a scatter-add (slower, and a loop holding one is never compiled
+    into one kernel)."""
+    from helpers import primitives
+
+    for group in (vj.lie.SO3(), vj.lie.SE2(), vj.lie.SE3()):
+        g = group.exp(0.1 + 0.1 * jnp.arange(group.dim, dtype=jnp.float64))
+        stack = jnp.stack([g, g, g])
+        prims = primitives(jax.make_jaxpr(jax.vmap(lambda x: group.compose(g, x)))(stack).jaxpr)
+        assert "dot_general" not in prims, type(group).__name__
+    top = vj.systems.HeavyTop(inertia=(1.0, 2.0, 3.0), gravity=1.0)
+    g0 = vj.lie.SO3().exp(jnp.array([0.3, -0.2, 0.4]))
+    for integ in (vj.GroupVPRK.gauss(2), vj.GroupVPRK.lobatto(3, retraction=vj.lie.Cayley())):
+        state = integ.init(top, 0.0, g0, jnp.array([0.3, -0.8, 1.0]))
+        step = jax.make_jaxpr(lambda s: integ.step(top, s, 0.05)[0])(state).jaxpr
+        prims = primitives(step)
+        assert "while" in prims and not any(p.startswith("scatter") for p in prims), integ.name
