@@ -10,8 +10,9 @@ dt = 0.2: 3.0e-5), each with chunks of ``--chunks`` members (``None``: all at on
 
 * vijax: ``vj.simulate_ensemble(..., devices="all", batch_size=chunk)``, called as users call
   it (on one device: one block of members per core from threads, chunks of 64 by default);
-* Tsit5: ``jax.vmap`` of ``diffrax.diffeqsolve`` (field: ``vj.constraints.nonholonomic_acceleration``)
-  in chunks (``jax.lax.map``), under ``jax.shard_map`` over the same devices.
+* Tsit5: ``jax.vmap`` of ``diffrax.diffeqsolve`` (field:
+  ``vj.constraints.nonholonomic_acceleration``) in chunks (``jax.lax.map``), under
+  ``jax.shard_map`` over the same devices.
 
 Run it once per device count (the flag cannot change inside a process):
 
@@ -119,7 +120,8 @@ def main():
               f"vijax / Tsit5 throughput {tp / tv:.3f}", flush=True)
     bv = min(r["vijax_s"] for r in rows.values())
     bp = min(r["tsit5_s"] for r in rows.values())
-    print(f"devices {ARGS.devices}: best vijax {bv:.3f} s, best Tsit5 {bp:.3f} s, ratio {bp / bv:.3f}")
+    print(f"devices {ARGS.devices}: best vijax {bv:.3f} s, best Tsit5 {bp:.3f} s, "
+          f"ratio {bp / bv:.3f}")
     res = dict(machine=dict(platform=platform.platform(), cpu_count=os.cpu_count(),
                             jax=jax.__version__, devices=[str(d) for d in jax.devices()]),
                command=" ".join(["python", "benchmarks/host_devices.py", *sys.argv[1:]]),

@@ -47,10 +47,11 @@ def problems():
         return jnp.asarray(q0), jnp.zeros((b, 2))
 
     import lie_groups as L
-    cfg = L.step_configs()
 
-    def group_members(key, lock=None):
-        _, system, integ, g0, xi0 = cfg[key] if key in cfg else unicycle
+    def group_members(entry, lock=None):
+        """``(system, integrator, init)`` of a ``lie_groups.step_configs()`` entry: members
+        around its initial state, the velocity component ``lock`` unperturbed."""
+        _, system, integ, g0, xi0 = entry
 
         def init(b):
             dv = 0.05 * jax.random.normal(jax.random.PRNGKey(0), (b, xi0.shape[0]))
@@ -60,11 +61,11 @@ def problems():
 
         return system, integ, init
 
-    unicycle = ("unicycle", vj.systems.Unicycle(),
-                vj.GroupVPRK.lobatto(3, retraction=vj.lie.Cayley()),
-                vj.systems.Unicycle.element(1.0, 0.2, 0.3), jnp.array([0.5, 0.0, 0.8]))
-    top = group_members("so3_cay")
-    uni = group_members("unicycle", lock=1)
+    top = group_members(L.step_configs()["so3_cay"])
+    uni = group_members(("unicycle", vj.systems.Unicycle(),
+                         vj.GroupVPRK.lobatto(3, retraction=vj.lie.Cayley()),
+                         vj.systems.Unicycle.element(1.0, 0.2, 0.3), jnp.array([0.5, 0.0, 0.8])),
+                        lock=1)
     return {
         "chaotic_lobatto3": (chaotic, vj.NonholonomicVPRK.lobatto(3), 0.2, sheet),
         "double_pendulum_gauss6": (pendulum, vj.VPRK.gauss(6), 0.035, rest),

@@ -84,13 +84,15 @@ def main():
                 old = best[name].get(row["case"])
                 if old is None or row["us_per_step"] < old["us_per_step"]:
                     best[name][row["case"]] = row
-    print(f"{'case':18s}" + "".join(f"{c:>22s}" for c in CONFIGS) + "   (us/step; loops as one kernel)")
+    print(f"{'case':18s}" + "".join(f"{c:>22s}" for c in CONFIGS)
+          + "   (us/step; loops as one kernel)")
     for case in cases:
         base = best["default"][case]["us_per_step"]
         cells = []
         for c in CONFIGS:
             r = best[c][case]
-            cells.append(f"{r['us_per_step']:8.3f} {r['us_per_step'] / base:5.2f}x ({r['small_calls']})")
+            ratio = r["us_per_step"] / base
+            cells.append(f"{r['us_per_step']:8.3f} {ratio:5.2f}x ({r['small_calls']})")
         print(f"{case:18s}" + "".join(f"{x:>22s}" for x in cells))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     path = Path(args.out) / "xla_flags.json"

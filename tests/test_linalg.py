@@ -50,4 +50,3 @@ def test_solve_differentiates_like_the_lapack_solve(n):
     ref = jax.grad(lambda m, b: loss(jnp.linalg.solve, m, b), argnums=(0, 1))(m, b)
     for a, r in zip(ours, ref):
         np.testing.assert_allclose(a, r, rtol=1e-12, atol=1e-12)
-

@@ -68,9 +68,9 @@ def simulate_ensemble(
     ensembles run chunk after chunk inside the same compiled call (:func:`jax.lax.map`),
     which bounds the working memory to that of one chunk.  On a CPU a called ensemble
     (concrete inputs, ``devices=None``, at least 32768 member-steps) runs one block of at least
-    64 members per core, each from its own thread, in chunks of ``batch_size`` members (default there: 64): XLA:CPU
-    spreads one program's large kernels over the cores at about half the per-core speed of
-    narrow blocks (docs/ensembles.md).  The saved states of all members
+    64 members per core, each from its own thread, in chunks of ``batch_size`` members
+    (default there: 64): XLA:CPU spreads one program's large kernels over the cores at about
+    half the per-core speed of narrow blocks (docs/ensembles.md).  The saved states of all members
     are returned, so choose ``save_every`` for the memory they take:
     ``members * (n_steps / save_every + 1) * (3 n + stage data) * 8`` bytes in float64.
 

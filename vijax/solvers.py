@@ -332,16 +332,19 @@ def lane_compacting_while(cond: Callable, body: Callable, init: PyTree) -> PyTre
         going = lambda c: batched(lambda c, k, kk: cond_c(c, *kk))(c, consts, cconsts)  # noqa: E731
         step = batched(lambda c, k, kk: body_c(c, *k))
 
-        def masked(c):
-            on = going(c)
+        def masked(c_on):
+            # the members' own loop conditions travel with the carry: evaluated once per
+            # iteration, for the update's mask and for the loop's own test
+            c, on = c_on
             new = step(c, consts, cconsts)
-            return jax.tree_util.tree_map(
+            c = jax.tree_util.tree_map(
                 lambda o, n: jnp.where(on.reshape(on.shape + (1,) * (o.ndim - 1)), n, o), c, new)
+            return c, going(c)
 
         # every member while more than ``share`` are iterating ...
-        carry = jax.lax.while_loop(lambda c: jnp.sum(going(c)) > share, masked, carry)
+        carry, on = jax.lax.while_loop(lambda c_on: jnp.sum(c_on[1]) > share, masked,
+                                       (carry, going(carry)))
         # ... then those left (at most ``share``), gathered, to the end of their own loops
-        on = going(carry)
         idx = jnp.nonzero(on, size=share, fill_value=0)[0]
         dest = jnp.where(jnp.arange(share) < jnp.sum(on), idx, size)   # size: dropped
         take = lambda tree, bs: jax.tree_util.tree_map(  # noqa: E731
