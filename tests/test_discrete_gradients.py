@@ -330,6 +330,23 @@ def test_frames_and_brackets_of_the_examples():
     np.testing.assert_allclose(Lam, [[0, -sleigh.C * 0.3], [sleigh.C * 0.3, 0]], atol=1e-15)
 
 
+def test_metric_solve_and_products_against_numpy():
+    """The reduced metric's solve (Cramer's rule for m <= 3, LU above) and the row-reduction
+    products agree with numpy on random symmetric positive definite metrics."""
+    rng = np.random.default_rng(3)
+    for m in (1, 2, 3, 4):
+        a = rng.standard_normal((m, m))
+        g, rho = a @ a.T + m * np.eye(m), rng.standard_normal(m)
+        out = jax.jit(dgm._metric_solve)(jnp.asarray(g), jnp.asarray(rho))
+        np.testing.assert_allclose(out, np.linalg.solve(g, rho), rtol=1e-13, atol=1e-14)
+    X, G = rng.standard_normal((5, 3)), rng.standard_normal((5, 5))
+    np.testing.assert_allclose(dgm._gram(jnp.asarray(X), jnp.asarray(G)), X.T @ G @ X,
+                               rtol=1e-13, atol=1e-13)
+    dX, p = rng.standard_normal((5, 5, 3)), rng.standard_normal(5)
+    np.testing.assert_allclose(dgm._contract(jnp.asarray(p), jnp.asarray(dX)),
+                               np.einsum("j,ija->ia", p, dX), rtol=1e-13, atol=1e-13)
+
+
 # --------------------------------------------------------------------------------------------
 # Energy and constraints
 # --------------------------------------------------------------------------------------------

@@ -276,20 +276,39 @@ def constraint_forms(system: NonholonomicSystem, q: Vector) -> Float[Array, "k n
     return system.constraint_matrix(q, jnp.zeros_like(q))
 
 
-def _contract(p: Vector, dX: Float[Array, "n m n"]) -> Float[Array, "m n"]:
-    """``w_ai = p_j ∂_i X_a^j`` as a fusible small product."""
-    n, m = dX.shape[0], dX.shape[1]
-    return mm(p, dX.reshape(n, m * n)).reshape(m, n)
+def _contract(p: Vector, dX: Float[Array, "n n m"]) -> Float[Array, "n m"]:
+    """``w_ia = p_j ∂_i X_a^j`` from ``dX[i, j, a] = ∂_i X_a^j`` (one reduction)."""
+    return jnp.sum(p[None, :, None] * dX, axis=1)
+
+
+def _tmm(a, b):
+    """``aᵀ b`` as one reduction over the rows (no transposed copy of ``a``)."""
+    return jnp.sum(a[:, :, None] * b[:, None, :], axis=0)
+
+
+def _gram(X, G):
+    """``Xᵀ G X``."""
+    return _tmm(X, mm(G, X))
 
 
 def _metric_solve(g: Float[Array, "m m"], rho: Vector) -> Vector:
-    """``g^{-1} ρ`` for the reduced metric (symmetric positive definite): the closed-form
-    inverse for ``m <= 3`` (a LAPACK call inside the solver loop cost half of a fixed-point
-    step on the CVT gearbox, m = 2: 62 against 27 µs), LU above: :func:`vijax._linalg.solve`
+    """``g^{-1} ρ`` for the reduced metric (symmetric positive definite): Cramer's rule for
+    ``m <= 3`` (a LAPACK call inside the solver loop cost half of a fixed-point step on the
+    CVT gearbox, m = 2: 62 against 27 µs; the closed-form inverse times ``ρ``, 4% slower
+    steps than the solution written out), LU above: :func:`vijax._linalg.solve`
     unrolls up to ``m = 6``, which made the step on the quartic system (m = 6) slower, with
     Newton 830--860 against 590--610 µs and with the preconditioned fixed point 70 against
     63 µs."""
-    return mm(_linalg.inv(g), rho) if g.shape[-1] <= 3 else jnp.linalg.solve(g, rho)
+    m = g.shape[-1]
+    if m == 1:
+        return rho / g[0, 0]
+    if m == 2:
+        a, b, c, d = g[0, 0], g[0, 1], g[1, 0], g[1, 1]
+        return jnp.stack([d * rho[0] - b * rho[1], a * rho[1] - c * rho[0]]) / (a * d - b * c)
+    if m == 3:
+        cof = jnp.cross(g[jnp.array([1, 2, 0])], g[jnp.array([2, 0, 1])])  # cofactor rows
+        return (rho[0] * cof[0] + rho[1] * cof[1] + rho[2] * cof[2]) / jnp.vdot(g[0], cof[0])
+    return jnp.linalg.solve(g, rho)
 
 
 class ReducedForm(eqx.Module):
@@ -330,7 +349,7 @@ class ReducedForm(eqx.Module):
     def metric(self, q: Vector, X=None):
         """``g_D = Xᵀ G X`` (``m x m``)."""
         X = self.frame(q) if X is None else X
-        return mm(mm(X.T, self.system.mass_matrix(q)), X)
+        return _gram(X, self.system.mass_matrix(q))
 
     def momentum(self, q: Vector, rho: Vector) -> Vector:
         """``p = G X g_D^{-1} ρ`` (eq. (16a))."""
@@ -347,14 +366,24 @@ class ReducedForm(eqx.Module):
         return mm(p, self.frame(q))
 
     def _at(self, q: Vector):
-        """The ``q``-dependent data of a point: ``X(q)``, ``∂X/∂q`` (``(n, m, n)``:
-        ``∂_i X_a^j``) and ``G(q)``."""
-        dX, X = jax.jacfwd(lambda x: (self.frame(x),) * 2, has_aux=True)(q)
+        """The ``q``-dependent data of a point: ``X(q)``, ``∂X/∂q`` (``(n, n, m)``:
+        ``dX[i, j, a] = ∂_i X_a^j``, the derivative's direction first) and ``G(q)``."""
+        # One jvp per coordinate direction, kept in the order vmap makes them: jax.jacfwd
+        # moves the direction axis last, a transposed copy of the (n, m, n) array that XLA:CPU
+        # runs as a kernel of its own, and the contraction with p then read it through a
+        # reshape (another copy).  With the direction first, w = p_j ∂_i X^j is one reduction
+        # fused with the derivative, and the products with X and the metric are reductions
+        # over the rows of X (_tmm: no transposed copy of X either): a fixed-point update on
+        # the CVT gearbox 26 -> 23 kernels; Gonzalez-R steps 0.81x (system frame) and 0.84x
+        # (QR), AVF(12)-R 0.86x, Gonzalez-R on the quartic system 0.66x (ab_versions.py,
+        # both trees in one process).
+        X, dX = jax.vmap(lambda t: jax.jvp(self.frame, (q,), (t,)), out_axes=(None, 0))(
+            jnp.eye(q.shape[0], dtype=q.dtype))
         return X, dX, self.system.mass_matrix(q)
 
     def _local(self, q: Vector, rho: Vector, at=None):
         X, dX, G = self._at(q) if at is None else at
-        y = _metric_solve(mm(mm(X.T, G), X), rho)               # g_D^{-1} ρ
+        y = _metric_solve(_gram(X, G), rho)                     # g_D^{-1} ρ
         v = mm(X, y)
         return X, dX, y, v, mm(G, v)
 
@@ -362,15 +391,15 @@ class ReducedForm(eqx.Module):
         """``(X(q), Λ(q, ρ))`` with ``Λ = M - Mᵀ``, ``M_ab = p_j ∂_i X_a^j X_b^i``,
         ``p = p(q, ρ)`` (eq. (17))."""
         X, dX, _, _, p = self._local(q, rho)
-        M = mm(_contract(p, dX), X)
+        M = _tmm(_contract(p, dX), X)
         return X, M - M.T
 
     def _gradient_and_bracket(self, q: Vector, rho: Vector, at=None):
         X, dX, y, v, p = self._local(q, rho, at)
         dT = jax.grad(lambda x: mm(v, mm(self.system.mass_matrix(x), v)))(q)
-        w = _contract(p, dX)                                    # w_ai = p_j ∂_i X_a^j
-        gq = -0.5 * dT - mm(y, w) + jax.grad(self.system.potential)(q)
-        M = mm(w, X)
+        w = _contract(p, dX)                                    # w_ia = p_j ∂_i X_a^j
+        gq = -0.5 * dT - mm(w, y) + jax.grad(self.system.potential)(q)
+        M = _tmm(w, X)
         return jnp.concatenate([gq, y]), X, M - M.T
 
     def gradient_and_bracket(self, z: Vector, n: int):
