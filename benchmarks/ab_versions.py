@@ -23,9 +23,10 @@ planar Cartesian pendulum, h = 0.01),
 ``cvt_dg``, ``cvt_dg_system``, ``cvt_dg_newton``, ``cvt_si_dla`` (the CVT gearbox,
 h = 0.1: ``DiscreteGradient.gonzalez()`` with its default solver, with the system's frame,
 with Newton at ``eps/100``; ``cvt_avf``, ``cvt_avf_system``: ``DiscreteGradient.avf()``
-with the QR and the system's frame; the semi-implicit discrete Lagrange--d'Alembert step;
+with the QR and the system's frame; the semi-implicit and (``cvt_i_dla``) implicit discrete
+Lagrange--d'Alembert steps;
 ``NonholonomicVPRK.lobatto(3)``) and ``quartic_dg``, ``quartic_dg_newton``,
-``quartic_lobatto3`` (the quartic nonholonomic system).
+``quartic_si_dla``, ``quartic_lobatto3`` (the quartic nonholonomic system).
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ import numpy as np
 
 CASES = ("kepler", "general_kepler", "double_pendulum", "rattle", "galerkin4", "top_exp",
          "top_cayley", "cvt_dg", "cvt_dg_system", "cvt_dg_newton", "cvt_avf", "cvt_avf_system", "cvt_si_dla",
-         "cvt_lobatto3",
-         "quartic_dg", "quartic_dg_newton", "quartic_lobatto3", "unicycle_exp", "unicycle_cayley",
+         "cvt_i_dla", "cvt_lobatto3",
+         "quartic_dg", "quartic_si_dla", "quartic_dg_newton", "quartic_lobatto3", "unicycle_exp", "unicycle_cayley",
          "ball_cayley")
 N_STEPS = 20_000
 
@@ -75,6 +76,7 @@ def build(vj, case):
                  "dg_newton": lambda: vj.DiscreteGradient.gonzalez(
                      solver=vj.solvers.Newton(rtol=tol, atol=tol)),
                  "si_dla": vj.DiscreteLagrangeDAlembert.semi_implicit,
+                 "i_dla": vj.DiscreteLagrangeDAlembert.implicit,
                  "lobatto3": lambda: vj.NonholonomicVPRK.lobatto(3)}[case.split("_", 1)[1]]()
         table[case] = (system, integ, 0.1, system.initial())
     if case.startswith("top_"):

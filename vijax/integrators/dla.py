@@ -162,8 +162,8 @@ class DiscreteLagrangeDAlembert(AbstractLinearNonholonomicMethod):
             v1, mu = x                                   # mu = h λ
             q1 = qh + 0.5 * h * v1
             F = midpoint_force(q, q1)
-            return (M @ (v1 - v) - h * (-dV + F) - Ah.T @ mu,
-                    constraint_forms(system, q1) @ v1)
+            return (_linalg.mm(M, v1 - v) - h * (-dV + F) - _linalg.mm(mu, Ah),
+                    _linalg.mm(constraint_forms(system, q1), v1))
 
         x0 = (v - h * _linalg.solve(M, dV), jnp.zeros((Ah.shape[0],), q.dtype))
         (v1, _), stats = self.solver.solve(residual, x0)
@@ -182,8 +182,8 @@ class DiscreteLagrangeDAlembert(AbstractLinearNonholonomicMethod):
             q1, mu = x                                   # mu = (h/2) μ
             F = midpoint_force(q, q1)
             d1 = jax.grad(Ld, argnums=0)(q, q1)
-            return (p + d1 + 0.5 * h * F + A0.T @ mu,
-                    constraint_forms(system, 0.5 * (q + q1)) @ (q1 - q) / h)
+            return (p + d1 + 0.5 * h * F + _linalg.mm(mu, A0),
+                    _linalg.mm(constraint_forms(system, 0.5 * (q + q1)), q1 - q) / h)
 
         x0 = (q + h * v, jnp.zeros((A0.shape[0],), q.dtype))
         (q1, _), stats = self.solver.solve(residual, x0)
