@@ -21,18 +21,13 @@ def inv(m):
     n = m.shape[-1]
     if n == 1:
         return 1.0 / m
-    # The determinant is divided into every entry as an array of its copies, not as a scalar:
-    # XLA rewrites a division by a broadcast scalar into a product with its reciprocal, which
-    # then runs as a kernel of its own (a division shared by several entries is not fused)
     if n == 2:
         a, b, c, d = m[0, 0], m[0, 1], m[1, 0], m[1, 1]
-        det = a * d - b * c
-        return (jnp.array([[d, -b], [-c, a]], dtype=m.dtype)
-                / jnp.array([[det, det], [det, det]], dtype=m.dtype))
+        return jnp.array([[d, -b], [-c, a]], dtype=m.dtype) / (a * d - b * c)
     if n == 3:
         cof = jnp.cross(m[jnp.array([1, 2, 0])], m[jnp.array([2, 0, 1])])  # cofactor rows
         det = jnp.vdot(m[0], cof[0])
-        return cof.T / jnp.stack([det] * 9).reshape(3, 3)
+        return cof.T / det
     return solve(m, jnp.eye(n, dtype=m.dtype))
 
 

@@ -300,9 +300,10 @@ def _metric_solve(g: Float[Array, "m m"], rho: Vector) -> Vector:
     Newton 830--860 against 590--610 µs and with the preconditioned fixed point 70 against
     63 µs."""
     m = g.shape[-1]
-    # the determinant divided into each entry as an array of copies (see _linalg.inv: a
-    # division by a broadcast scalar becomes a reciprocal computed as a kernel of its own;
-    # two kernels fewer per fixed-point update on the CVT gearbox, the step 0.93x)
+    # the determinant divided into each entry as an array of copies: XLA rewrites a division
+    # by a broadcast scalar into a product with its reciprocal, a kernel of its own (two
+    # kernels fewer per fixed-point update on the CVT gearbox, the step 0.93x; _linalg.inv
+    # keeps the scalar division, which its batched users run faster)
     if m == 1:
         return rho / g[0, 0]
     if m == 2:
