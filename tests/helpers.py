@@ -134,17 +134,25 @@ def constraint_residuals(system, q, v):
     return float(jnp.max(jnp.abs(g))), float(jnp.max(jnp.abs(hidden)))
 
 
-def primitives(jaxpr) -> list[str]:
-    """The primitive of every equation in a jaxpr, nested jaxprs included."""
+def equations(jaxpr, in_loops: bool = False, _inside: bool = False) -> list:
+    """Every equation of a jaxpr, nested jaxprs included; ``in_loops``: only those inside the
+    body of a ``while`` loop."""
     out = []
     for eqn in jaxpr.eqns:
-        out.append(eqn.primitive.name)
-        for param in eqn.params.values():
+        if _inside or not in_loops:
+            out.append(eqn)
+        for key, param in eqn.params.items():
             for sub in param if isinstance(param, (list, tuple)) else [param]:
                 sub = getattr(sub, "jaxpr", sub)
                 if hasattr(sub, "eqns"):
-                    out += primitives(sub)
+                    out += equations(sub, in_loops, _inside or (
+                        eqn.primitive.name == "while" and key == "body_jaxpr"))
     return out
+
+
+def primitives(jaxpr) -> list[str]:
+    """The primitive of every equation in a jaxpr, nested jaxprs included."""
+    return [eqn.primitive.name for eqn in equations(jaxpr)]
 
 
 def while_loops(jaxpr) -> int:

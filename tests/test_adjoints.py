@@ -125,20 +125,6 @@ def test_reverse_mode_memory_against_the_step_count():
     assert rev < 1.1, rev            # independent of the step count
 
 
-def _checkpoints(jaxpr):
-    """The ``checkpoint`` equations of a jaxpr, nested jaxprs included."""
-    out = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name in ("checkpoint", "remat2"):   # jax.checkpoint's primitive
-            out.append(eqn)
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (list, tuple)) else [param]:
-                sub = getattr(sub, "jaxpr", sub)
-                if hasattr(sub, "eqns"):
-                    out += _checkpoints(sub)
-    return out
-
-
 @pytest.mark.parametrize("adjoint", ["store_all", "checkpointed"])
 def test_checkpoints_inside_scans_carry_no_cse_barriers(adjoint):
     """Every ``jax.checkpoint`` of simulate's differentiated layout wraps a ``lax.scan`` body,
@@ -155,7 +141,9 @@ def test_checkpoints_inside_scans_carry_no_cse_barriers(adjoint):
 
     q0 = jnp.array([1.0, 0.0])
     jaxpr = jax.make_jaxpr(lambda q: jax.jvp(final, (q,), (jnp.ones(2),)))(q0).jaxpr
-    found = _checkpoints(jaxpr)
+    from helpers import equations
+
+    found = [e for e in equations(jaxpr) if e.primitive.name in ("checkpoint", "remat2")]
     assert found, "no checkpoint in the derivative's layout"
     assert all(not eqn.params["prevent_cse"] for eqn in found), [
         eqn.params["prevent_cse"] for eqn in found]

@@ -330,21 +330,6 @@ def test_frames_and_brackets_of_the_examples():
     np.testing.assert_allclose(Lam, [[0, -sleigh.C * 0.3], [sleigh.C * 0.3, 0]], atol=1e-15)
 
 
-def _loop_body_eqns(jaxpr, inloop=False):
-    """The equations inside the ``while`` loops of a jaxpr (nested jaxprs included)."""
-    out = []
-    for eqn in jaxpr.eqns:
-        if inloop:
-            out.append(eqn)
-        for key, param in eqn.params.items():
-            for sub in param if isinstance(param, (list, tuple)) else [param]:
-                sub = getattr(sub, "jaxpr", sub)
-                if hasattr(sub, "eqns"):
-                    out += _loop_body_eqns(sub, inloop or (eqn.primitive.name == "while"
-                                                          and key == "body_jaxpr"))
-    return out
-
-
 def test_stage_loops_hold_no_matrix_dots_or_moved_axes():
     """What the step loops are written to avoid, checked at the jaxpr level (independent of
     the XLA version): no ``dot_general`` with a matrix operand (under the stage and tangent
@@ -353,11 +338,14 @@ def test_stage_loops_hold_no_matrix_dots_or_moved_axes():
     transpose that moves the data of a 3-D array (``jax.jacfwd`` of the frame moved its
     direction axis last, a transposed copy that was a kernel of its own).  Fails on the
     previous code."""
+    from helpers import equations
+
     cvt = CVTGearbox()
     q0, v0 = cvt.initial()
     for integ in (DG.gonzalez(), DG.gonzalez(frame="system"), DLA.semi_implicit()):
         state = integ.init(cvt, 0.0, q0, v0)
-        body = _loop_body_eqns(jax.make_jaxpr(lambda s: integ.step(cvt, s, 0.1)[0])(state).jaxpr)
+        step = jax.make_jaxpr(lambda s: integ.step(cvt, s, 0.1)[0])(state).jaxpr
+        body = equations(step, in_loops=True)
         assert any(e.primitive.name in ("add", "mul") for e in body), integ.name
         dots = [[v.aval.shape for v in e.invars] for e in body
                 if e.primitive.name == "dot_general"]
