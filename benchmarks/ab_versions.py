@@ -41,9 +41,9 @@ import time
 import numpy as np
 
 CASES = ("kepler", "general_kepler", "double_pendulum", "rattle", "galerkin4", "top_exp",
-         "top_cayley", "cvt_dg", "cvt_dg_system", "cvt_dg_newton", "cvt_avf", "cvt_avf_system", "cvt_si_dla",
-         "cvt_i_dla", "cvt_lobatto3",
-         "quartic_dg", "quartic_si_dla", "quartic_dg_newton", "quartic_lobatto3", "unicycle_exp", "unicycle_cayley",
+         "top_cayley", "cvt_dg", "cvt_dg_system", "cvt_dg_newton", "cvt_avf", "cvt_avf_system",
+         "cvt_si_dla", "cvt_i_dla", "cvt_lobatto3", "quartic_dg", "quartic_si_dla",
+         "quartic_dg_newton", "quartic_lobatto3", "unicycle_exp", "unicycle_cayley",
          "ball_cayley")
 N_STEPS = 20_000
 

@@ -50,3 +50,20 @@ def test_solve_differentiates_like_the_lapack_solve(n):
     ref = jax.grad(lambda m, b: loss(jnp.linalg.solve, m, b), argnums=(0, 1))(m, b)
     for a, r in zip(ours, ref):
         np.testing.assert_allclose(a, r, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_closed_forms_against_numpy(n):
+    """``inv`` (adjugate over the determinant) and ``cramer`` (the adjugate's columns summed
+    with the right-hand side's weights) agree with LAPACK on non-symmetric matrices, and their
+    derivatives with those of ``jnp.linalg.solve``."""
+    rng = np.random.default_rng(n)
+    m = jnp.asarray(rng.standard_normal((n, n)) + n * np.eye(n))
+    b = jnp.asarray(rng.standard_normal(n))
+    np.testing.assert_allclose(_linalg.inv(m), np.linalg.inv(m), rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(_linalg.cramer(m, b), np.linalg.solve(m, b), rtol=1e-13,
+                               atol=1e-14)
+    loss = lambda f: lambda m, b: jnp.sum(f(m, b) ** 3)  # noqa: E731
+    for got, want in zip(jax.grad(loss(_linalg.cramer), argnums=(0, 1))(m, b),
+                         jax.grad(loss(jnp.linalg.solve), argnums=(0, 1))(m, b)):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)

@@ -394,6 +394,15 @@ def _loops(body, carry, length: int, per_loop: int):
     return carry, jax.tree_util.tree_map(lambda x: x.reshape((length,) + x.shape[2:]), recs)
 
 
+#: jax.checkpoint for the layouts here, each of which wraps the body of a lax.scan: there the
+#: common-subexpression elimination that prevent_cse guards against cannot reach across
+#: iterations, so it is off (its barriers cost kernels in the backward loop: Kepler 28 -> 24
+#: per step, gradient 0.95x with store_all and 0.80x checkpointed, double pendulum
+#: checkpointed 0.95x; memory and stored bytes unchanged; alternating process pairs, N = 1e4
+#: and 1e5).
+_checkpoint = functools.partial(jax.checkpoint, prevent_cse=False)
+
+
 def _scan(body, carry, length: int, checkpointed: bool, step_bytes: int = 0):
     """``lax.scan(body, carry, None, length)``; checkpointed: as two nested scans whose outer
     body is :func:`jax.checkpoint`-ed (reverse mode stores the carry at the ``length / inner``
@@ -405,10 +414,10 @@ def _scan(body, carry, length: int, checkpointed: bool, step_bytes: int = 0):
     inner = _divisor_near_sqrt(length) if checkpointed else length
     if inner in (1, length):
         if checkpointed and length > 1 and not step_bytes:
-            body = jax.checkpoint(body, prevent_cse=False)
+            body = _checkpoint(body)
         return _loops(body, carry, length, per_loop(length))
 
-    @functools.partial(jax.checkpoint, prevent_cse=False)
+    @_checkpoint
     def segment(carry, _):
         return _loops(body, carry, inner, per_loop(inner))
 
@@ -506,16 +515,9 @@ def _saves_impl(integrator, system, state0, dt, U, n_saves: int, save_every: int
     # step), so the re-run linearises the stage equations at the stored root and solves
     # nothing: gradient 7.4-7.5 -> 5.5-5.9 us/step on the double pendulum (4.9 fixed-point
     # updates a step saved), 3.6-3.8 -> 3.0-3.6 on Kepler (2.5), alternating runs.
-    #
-    # Every jax.checkpoint here wraps the body of a lax.scan, where the common-subexpression
-    # elimination that prevent_cse guards against cannot reach across iterations, so it is
-    # off: its barriers cost kernels in the backward loop (Kepler 28 -> 24 per step; gradient
-    # 0.95x with store_all, 0.80x checkpointed; double pendulum checkpointed 0.95x; memory and
-    # stored bytes unchanged; alternating process pairs, N = 1e4 and 1e5).
     if remat:
-        advance = jax.checkpoint(
-            advance, policy=jax.checkpoint_policies.save_only_these_names(STAGE_ROOT),
-            prevent_cse=False)
+        advance = _checkpoint(
+            advance, policy=jax.checkpoint_policies.save_only_these_names(STAGE_ROOT))
     step_bytes = (_nbytes(state0) + (0 if U is None else _nbytes(U[0]))) if remat else 0
 
     # Statistics are reduced in the carry, not stacked per step: long runs store only what
@@ -554,13 +556,13 @@ def _saves_impl(integrator, system, state0, dt, U, n_saves: int, save_every: int
     per_chunk = (1 if dense else _divisor_near_sqrt(n_saves) if checkpointed else
                  _chunk(n_saves, _nbytes((state0, zero))))
     if checkpointed:
-        save = jax.checkpoint(save, prevent_cse=False)
+        save = _checkpoint(save)
 
     def chunk(state, i):
         return jax.lax.scan(save, state, i * per_chunk + jnp.arange(per_chunk))
 
     if checkpointed:
-        chunk = jax.checkpoint(chunk, prevent_cse=False)
+        chunk = _checkpoint(chunk)
 
     _, recs = jax.lax.scan(chunk, state0, jnp.arange(n_saves // per_chunk))
     return jax.tree_util.tree_map(lambda x: x.reshape((n_saves,) + x.shape[2:]), recs)

@@ -281,6 +281,15 @@ def _contract(p: Vector, dX: Float[Array, "n n m"]) -> Float[Array, "n m"]:
     return jnp.sum(p[None, :, None] * dX, axis=1)
 
 
+def _directional(fn: Callable, x: Vector):
+    """``(fn(x), D)`` with ``D[k] = ∂fn/∂x_k``: one ``jvp`` per coordinate direction under
+    ``vmap``, the direction axis first as ``vmap`` makes it.  (``jax.jacfwd`` moves that axis
+    last: a transposed copy that XLA:CPU runs as a kernel of its own, which the products that
+    follow then read through a reshape, another.)"""
+    return jax.vmap(lambda t: jax.jvp(fn, (x,), (t,)), out_axes=(None, 0))(
+        jnp.eye(x.shape[0], dtype=x.dtype))
+
+
 def _tmm(a, b):
     """``aᵀ b`` as one reduction over the rows (no transposed copy of ``a``)."""
     return jnp.sum(a[:, :, None] * b[:, None, :], axis=0)
@@ -293,29 +302,13 @@ def _gram(X, G):
 
 def _metric_solve(g: Float[Array, "m m"], rho: Vector) -> Vector:
     """``g^{-1} ρ`` for the reduced metric (symmetric positive definite): Cramer's rule for
-    ``m <= 3`` (a LAPACK call inside the solver loop cost half of a fixed-point step on the
-    CVT gearbox, m = 2: 62 against 27 µs; the closed-form inverse times ``ρ``, 4% slower
-    steps than the solution written out), LU above: :func:`vijax._linalg.solve`
+    ``m <= 3`` (:func:`vijax._linalg.cramer`; a LAPACK call inside the solver loop cost half
+    of a fixed-point step on the CVT gearbox, m = 2: 62 against 27 µs; the closed-form
+    inverse times ``ρ``, 4% slower steps than the solution written out), LU above: :func:`vijax._linalg.solve`
     unrolls up to ``m = 6``, which made the step on the quartic system (m = 6) slower, with
     Newton 830--860 against 590--610 µs and with the preconditioned fixed point 70 against
     63 µs."""
-    m = g.shape[-1]
-    # the determinant divided into each entry as an array of copies: XLA rewrites a division
-    # by a broadcast scalar into a product with its reciprocal, a kernel of its own (two
-    # kernels fewer per fixed-point update on the CVT gearbox, the step 0.93x; _linalg.inv
-    # keeps the scalar division, which its batched users run faster)
-    if m == 1:
-        return rho / g[0, 0]
-    if m == 2:
-        a, b, c, d = g[0, 0], g[0, 1], g[1, 0], g[1, 1]
-        det = a * d - b * c
-        return jnp.stack([d * rho[0] - b * rho[1], a * rho[1] - c * rho[0]]) / jnp.stack(
-            [det, det])
-    if m == 3:
-        cof = jnp.cross(g[jnp.array([1, 2, 0])], g[jnp.array([2, 0, 1])])  # cofactor rows
-        det = jnp.vdot(g[0], cof[0])
-        return (rho[0] * cof[0] + rho[1] * cof[1] + rho[2] * cof[2]) / jnp.stack([det] * 3)
-    return jnp.linalg.solve(g, rho)
+    return _linalg.cramer(g, rho) if g.shape[-1] <= 3 else jnp.linalg.solve(g, rho)
 
 
 class ReducedForm(eqx.Module):
@@ -375,17 +368,13 @@ class ReducedForm(eqx.Module):
     def _at(self, q: Vector):
         """The ``q``-dependent data of a point: ``X(q)``, ``∂X/∂q`` (``(n, n, m)``:
         ``dX[i, j, a] = ∂_i X_a^j``, the derivative's direction first) and ``G(q)``."""
-        # One jvp per coordinate direction, kept in the order vmap makes them: jax.jacfwd
-        # moves the direction axis last, a transposed copy of the (n, m, n) array that XLA:CPU
-        # runs as a kernel of its own, and the contraction with p then read it through a
-        # reshape (another copy).  With the direction first, w = p_j ∂_i X^j is one reduction
-        # fused with the derivative, and the products with X and the metric are reductions
-        # over the rows of X (_tmm: no transposed copy of X either): a fixed-point update on
-        # the CVT gearbox 26 -> 23 kernels; Gonzalez-R steps 0.81x (system frame) and 0.84x
-        # (QR), AVF(12)-R 0.86x, Gonzalez-R on the quartic system 0.66x (ab_versions.py,
-        # both trees in one process).
-        X, dX = jax.vmap(lambda t: jax.jvp(self.frame, (q,), (t,)), out_axes=(None, 0))(
-            jnp.eye(q.shape[0], dtype=q.dtype))
+        # Direction-first (_directional), w = p_j ∂_i X^j is one reduction fused with the
+        # derivative, and the products with X and the metric are reductions over the rows of
+        # X (_tmm: no transposed copy of X either): a fixed-point update on the CVT gearbox
+        # 26 -> 23 kernels; Gonzalez-R steps 0.81x (system frame) and 0.84x (QR), AVF(12)-R
+        # 0.86x, Gonzalez-R on the quartic system 0.66x (ab_versions.py, both trees in one
+        # process).
+        X, dX = _directional(self.frame, q)
         return X, dX, self.system.mass_matrix(q)
 
     def _local(self, q: Vector, rho: Vector, at=None):
@@ -448,25 +437,23 @@ class ReducedForm(eqx.Module):
             gq = g[:n] if F is None else g[:n] - F
             return jnp.concatenate([mm(X, g[n:]), -mm(gq, X) + mm(Lam, g[n:])])
 
-        # derivatives direction-first, as one jvp per direction under vmap (see _at): JrT[k]
-        # is the field's derivative in ρ_k, the Hessian of V symmetric
-        f, JrT = jax.vmap(lambda t: jax.jvp(field, (rho,), (t,)), out_axes=(None, 0))(
-            jnp.eye(rho.shape[0], dtype=z.dtype))
+        # derivatives direction-first (_directional): JrT = Jrᵀ, JrT[k] the field's
+        # derivative in ρ_k; ∇²V symmetric
+        f, JrT = _directional(field, rho)
         a = 0.5 * h
-        grad_v = jax.grad(self.system.potential)
-        Jq = a * jax.vmap(lambda t: jax.jvp(grad_v, (q,), (t,))[1])(
-            jnp.eye(n, dtype=z.dtype))
+        Jq = a * _directional(jax.grad(self.system.potential), q)[1]
         if dF is not None:
             Jq = Jq - h * dF
         # I - (h/2) J = [[I, U], [B, D]] with U = -a Jr_q (n x m), B = Xᵀ Jq (m x n),
         # D = I - a Jr_ρ: inverted through the m x m Schur complement S = D - B U,
         # [[I + U S⁻¹ B, -U S⁻¹], [-S⁻¹ B, S⁻¹]]: one m x m inverse (closed form for
         # m <= 3) instead of the (n+m)-square one, whose unrolled elimination was a tenth
-        # of the step on the CVT gearbox (6.0 -> 5.6 us; system frame 4.2 -> 3.8)
-        U, B = -a * JrT[:, :n].T, _tmm(X, Jq)
-        Si = _linalg.inv(jnp.eye(JrT.shape[0], dtype=z.dtype) - a * JrT[:, n:].T
-                         + a * jnp.sum(B[:, None, :] * JrT[None, :, :n], axis=2))
-        SiB, USi = mm(Si, B), -a * _tmm(JrT[:, :n], Si)
+        # of the step on the CVT gearbox (6.0 -> 5.6 us; system frame 4.2 -> 3.8).  Kept
+        # as Uᵀ (rows of JrT), so no product reads a transposed copy.
+        Ut, B = -a * JrT[:, :n], _tmm(X, Jq)
+        BU = jnp.sum(B[:, None, :] * Ut[None, :, :], axis=2)
+        Si = _linalg.inv(jnp.eye(JrT.shape[0], dtype=z.dtype) - a * JrT[:, n:].T - BU)
+        SiB, USi = mm(Si, B), _tmm(Ut, Si)
         P = jnp.concatenate([
             jnp.concatenate([jnp.eye(n, dtype=z.dtype) + mm(USi, B), -USi], axis=1),
             jnp.concatenate([-SiB, Si], axis=1)], axis=0)
