@@ -48,9 +48,9 @@ CASES = ("kepler", "general_kepler", "double_pendulum", "rattle", "galerkin4", "
 N_STEPS = 20_000
 
 
-def build(vj, case):
+def build(vj, case, compiler_options=None):
     """``(call, n_steps, executable)``: a compiled ``vj.simulate`` of ``case``, called with
-    its data."""
+    its data (compiled with the XLA ``compiler_options``, if given)."""
     import jax
     import jax.numpy as jnp
 
@@ -94,7 +94,7 @@ def build(vj, case):
     system, integ, h, args = table[case]
     run = jax.jit(lambda q0, v0: vj.simulate(system, integ, q0=q0, v0=v0, dt=h,
                                              n_steps=N_STEPS, save_every=N_STEPS // 10).q)
-    exe = run.lower(*args).compile()
+    exe = run.lower(*args).compile(compiler_options=compiler_options)
     return (lambda: jax.block_until_ready(exe(*args))), N_STEPS, exe
 
 

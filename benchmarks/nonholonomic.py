@@ -34,6 +34,7 @@ nonholonomic_summary{_quick}.txt.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -718,11 +719,13 @@ def plot_part_3(out, path):
 
 
 def ensemble_vijax(system, key, h, T, saves):
-    """jit(q0, v0) -> μ(E, k) (vj.diagnostics.energy_variance) of vj.simulate_ensemble."""
+    """jit(q0, v0) -> μ(E, k) (vj.diagnostics.energy_variance) of vj.simulate_ensemble,
+    compiled with vj.compiler_options() as docs/concepts.md tells users to (the peer keeps
+    the default options, as its users run it)."""
     n = steps_for(T, h, saves)
     integ = METHODS[key][1]()
 
-    @jax.jit
+    @functools.partial(jax.jit, compiler_options=vj.compiler_options() or None)
     def run(q0, v0):
         sol = vj.simulate_ensemble(system, integ, q0=q0, v0=v0, dt=T / n, n_steps=n,
                                    save_every=n // saves, throw=False)

@@ -135,3 +135,39 @@ def test_a_called_ensemble_runs_a_block_per_core(monkeypatch):
 def test_bad_input_names_the_fix(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ensemble(**kwargs)
+
+
+def test_direct_calls_compile_with_vijax_xla_options(monkeypatch):
+    """Direct calls of simulate and simulate_ensemble compile with vj.compiler_options()
+    (an option XLA refuses makes them fail), calls under the caller's jit with the caller's
+    options (the same option changes nothing there); the options are empty off a CPU."""
+    import sys
+
+    import vijax._xla as X
+    M = sys.modules["vijax.simulate"]   # the module (vijax.simulate is the function)
+
+    assert X.compiler_options("gpu") == {} and X.compiler_options("tpu") == {}
+    called = ensemble(n_steps=4, save_every=1).q[:, -1]
+    bad = {"xla_cpu_experimental_ynn_fusion_type": "NOT_A_FUSION_TYPE"}
+    monkeypatch.setattr(X, "compiler_options", lambda backend=None: dict(bad))
+    monkeypatch.setattr(M, "_JITS", {})
+    monkeypatch.setattr(M, "_CHECKED", {})
+    args = dict(dt=0.05, n_steps=4)
+    with pytest.raises(Exception, match="NOT_A_FUSION_TYPE"):
+        vj.simulate(SYSTEM, GAUSS2, q0=Q0[0] + 0.01, v0=V0[0], **args)
+    with pytest.raises(Exception, match="NOT_A_FUSION_TYPE"):
+        vj.simulate_ensemble(SYSTEM, GAUSS2, q0=Q0 + 0.01, v0=V0, **args)
+    traced = jax.jit(lambda q, v: vj.simulate_ensemble(SYSTEM, GAUSS2, q0=q, v0=v, **args).q)
+    np.testing.assert_allclose(traced(Q0, V0)[:, -1], called, rtol=1e-14, atol=1e-14)
+
+
+def test_cpu_options_keep_batched_reductions_out_of_library_fusions():
+    """On a CPU whose XLA knows the option, vj.compiler_options() keeps a vmapped reduction
+    of an ensemble's size in XLA's own fused loops (no YNNPACK library fusion in the compiled
+    program), where the default options hand it over."""
+    options = vj.compiler_options("cpu")
+    if jax.default_backend() != "cpu" or not options:
+        pytest.skip("the option applies to XLA:CPU versions that know it")
+    x = jnp.ones((1024, 3, 7, 7))
+    f = jax.jit(lambda x: jnp.sum(jnp.sin(x), axis=2))
+    assert "__ynn_fusion" not in f.lower(x).compile(compiler_options=options).as_text()

@@ -14,7 +14,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import RelativisticParticle
+from helpers import RelativisticParticle, equations
 
 import vijax as vj
 from vijax import systems as S
@@ -155,6 +155,40 @@ def test_legendre_round_trip(name):
 def test_mechanical_momentum_is_mass_matrix_times_velocity(name):
     system, q, v, _ = case(name)
     np.testing.assert_allclose(system.momentum(q, v), system.mass_matrix(q) @ v, rtol=1e-13)
+
+
+@pytest.mark.parametrize("name", MECHANICAL)
+def test_mechanical_derivatives_equal_the_lagrangians_autodiff(name):
+    """A MechanicalSystem's momentum M(q) v and (dL/dq, dL/dv) in closed form equal the
+    generic autodiff of its Lagrangian, with their forward derivatives (Newton Jacobians) and
+    their gradients with respect to the system's parameters."""
+    system, q, v, _ = case(name)
+    generic = lambda s, q, v: vj.LagrangianSystem.derivatives(s, q, v)  # noqa: E731
+    closed = lambda s, q, v: s.derivatives(q, v)  # noqa: E731
+    for a, b in zip(closed(system, q, v), generic(system, q, v)):
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(system.momentum(q, v),
+                               vj.LagrangianSystem.momentum(system, q, v), rtol=1e-13, atol=1e-14)
+    jq = [jax.jacfwd(f, argnums=(1, 2))(system, q, v) for f in (closed, generic)]
+    for a, b in zip(jax.tree.leaves(jq[0]), jax.tree.leaves(jq[1])):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)
+    weight = lambda f: lambda s: jnp.sum(jnp.stack(f(s, q, v)) * jnp.arange(1.0, 1.0 + 2 * q.size).reshape(2, -1))  # noqa: E731,E501
+    ga, gb = (eqx.filter_grad(weight(f))(system) for f in (closed, generic))
+    for a, b in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)
+
+
+def test_mechanical_momentum_under_vmap_reduces_no_matrix():
+    """Under jax.vmap (an ensemble's stages) the momentum of a MechanicalSystem is M(q) v,
+    not the transposed products of the Lagrangian's gradient: no reduction of a rank-3 array
+    (members x n x n), which XLA:CPU hands to its YNNPACK fusions, several times slower in
+    float64 than its own loops."""
+    system = S.ChaoticNonholonomic()
+    q = v = jnp.ones((64, system.dim))
+    jaxpr = jax.make_jaxpr(jax.vmap(system.derivatives))(q, v)
+    reductions = [e for e in equations(jaxpr.jaxpr)
+                  if e.primitive.name == "reduce_sum" and e.invars[0].aval.ndim >= 3]
+    assert not reductions, reductions
 
 
 def test_relativistic_momentum_and_velocity_are_exact():

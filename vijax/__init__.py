@@ -22,6 +22,7 @@ from .integrators import (VCG, VRKMK, DiscreteGradient, DiscreteLagrangeDAlember
 from .interpolation import DenseOutput
 from .simulate import PrecisionWarning, Solution, StepStats, simulate
 from .ensemble import simulate_ensemble
+from ._xla import compiler_options
 from .solvers import ConvergenceError
 from .systems import (ForcedSystem, HolonomicSystem, LagrangianSystem, LieGroupSystem,
                       MechanicalSystem, NonholonomicSystem, TimeDependentSystem)
@@ -29,7 +30,7 @@ from .systems import (ForcedSystem, HolonomicSystem, LagrangianSystem, LieGroupS
 __version__ = "0.1.0"
 
 __all__ = [
-    "simulate", "simulate_ensemble", "Solution", "StepStats", "DenseOutput", "PrecisionWarning",
+    "simulate", "simulate_ensemble", "compiler_options", "Solution", "StepStats", "DenseOutput", "PrecisionWarning",
     "LagrangianSystem", "MechanicalSystem", "HolonomicSystem", "NonholonomicSystem",
     "ForcedSystem", "TimeDependentSystem", "LieGroupSystem",
     "AbstractIntegrator", "AbstractDenseIntegrator", "AbstractState", "IncompatibleSystemError",

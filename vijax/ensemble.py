@@ -18,6 +18,7 @@ inputs reduces every stage loop's convergence test over all devices, and a faili
 
 from __future__ import annotations
 
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Union
@@ -28,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from . import _xla
 from ._typing import ScalarLike
 from .integrators import AbstractIntegrator
 from .simulate import Solution, simulate
@@ -132,7 +134,8 @@ def simulate_ensemble(
     if threads > 1:
         return _run_threads(members, shared, threads, count, name, n_steps, save_every,
                             batch_size, throw, project)
-    sol = _run(members, shared, mesh, name, n_steps, save_every, batch_size, throw, project)
+    sol = _runner(members, shared)(members, shared, mesh, name, n_steps, save_every,
+                                   batch_size, throw, project)
     if sol.q.shape[0] != count:
         sol = _unpad(sol, count, mesh)
     return sol
@@ -187,7 +190,7 @@ def _run_threads(members, shared, threads: int, count: int, name, n_steps, save_
     # compiled once, before the threads: called first from every thread at once, each thread
     # compiled it again (first call of a chaotic ensemble 3.9 s instead of 3.2 s).  (Running
     # the first block from this thread instead serialised it: 1.7e5 traj-steps/s, not 3.3e5.)
-    run = _run.lower(blocks[0], shared, *static).compile()
+    run = _runner(members, shared).lower(blocks[0], shared, *static).compile()
 
     def one(block):
         return jax.block_until_ready(run(block, shared, *static))
@@ -303,8 +306,8 @@ def _unpad(sol, count: int, mesh: Mesh):
     return jax.tree.map(lambda x: jax.sharding.reshard(x, replicated)[:count], sol)
 
 
-@eqx.filter_jit
-def _run(members, shared, mesh, name, n_steps, save_every, batch_size, throw, project):
+def _members_run(members, shared, mesh, name, n_steps, save_every, batch_size, throw,
+                 project):
     def block(members, shared):
         """The members of one device (all of them without a mesh)."""
         system, integrator, dt, t0, controls = shared
@@ -339,3 +342,21 @@ def _run(members, shared, mesh, name, n_steps, save_every, batch_size, throw, pr
     return jax.shard_map(lambda m, a: block(m, eqx.combine(a, static)), mesh=mesh,
                          in_specs=(PartitionSpec(_AXIS), PartitionSpec()),
                          out_specs=PartitionSpec(_AXIS), check_vma=False)(members, arrays)
+
+
+# traced (inside the caller's jit, whose XLA options apply) and called (compiled here with
+# vijax's own, vijax/_xla.py)
+_run = eqx.filter_jit(_members_run)
+
+
+@functools.lru_cache(maxsize=None)
+def _called_run(options: tuple):
+    return eqx.filter_jit(_members_run, compiler_options=dict(options)) if options else _run
+
+
+def _runner(members, shared):
+    """``_run``, or when no argument is traced, its variant compiled with vijax's XLA
+    options."""
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((members, shared))):
+        return _run
+    return _called_run(tuple(sorted(_xla.compiler_options().items())))

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
+from . import _xla
 from ._checks import is_traced as _is_traced
 from ._checks import refuse as _refuse
 from ._typing import ScalarLike, Times, VectorLike
@@ -686,7 +687,7 @@ def _compiled(treedef, static, counts):
             out_static[0] = rest if jax.tree_util.tree_leaves(rest) else None
             return out
 
-        jitted = jax.jit(run)
+        jitted = jax.jit(run, **_xla.jit_options())
 
         def fn(*leaves):
             out = jitted(*leaves)

@@ -273,6 +273,17 @@ class MechanicalSystem(LagrangianSystem):
     def lagrangian(self, q, v):
         return 0.5 * _linalg.mm(v, _linalg.mm(self.mass_matrix(q), v)) - self.potential(q)
 
+    def momentum(self, q, v):
+        # p = M(q) v in closed form (M symmetric), not as the gradient of L: under jax.vmap
+        # over many members the gradient's transposed products are reductions over arrays of
+        # (members, stages, n, n) that XLA:CPU hands to its YNNPACK fusions, several times
+        # slower in float64 than its own loops (chaotic ensemble of 1024 members,
+        # NonholonomicVPRK.lobatto(3): 64 % of the run in one such reduction)
+        return _linalg.mm(self.mass_matrix(q), v)
+
+    def derivatives(self, q, v):
+        return self.d1_lagrangian(q, v), self.momentum(q, v)
+
     def velocity_hessian(self, q, v):
         return self.mass_matrix(q)
 
