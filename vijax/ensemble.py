@@ -71,7 +71,7 @@ def simulate_ensemble(
     which bounds the working memory to that of one chunk.  On a CPU a called ensemble
     (concrete inputs, ``devices=None``, at least 32768 member-steps) runs one block of at least
     64 members per core, each from its own thread, in chunks of ``batch_size`` members
-    (default there: 64): XLA:CPU spreads one program's large kernels over the cores at about
+    (default there: 256): XLA:CPU spreads one program's large kernels over the cores at about
     half the per-core speed of narrow blocks (docs/ensembles.md).  The saved states of all members
     are returned, so choose ``save_every`` for the memory they take:
     ``members * (n_steps / save_every + 1) * (3 n + stage data) * 8`` bytes in float64.
@@ -144,12 +144,16 @@ def simulate_ensemble(
 # On a CPU a called (not traced) ensemble runs in one block of members per core, each its own
 # call of the compiled program from its own thread (the XLA:CPU client runs them at once; one
 # program spreads only its large kernels over the cores), each block in chunks of this many
-# members unless ``batch_size`` says otherwise.  Measured on 2 cores, 4096 members
-# (trajectory-steps per second, one program with all members at once against two threads with
-# chunks of 64): chaotic nonholonomic system, NonholonomicVPRK.lobatto(3), 1.24e5 -> 3.19e5;
-# double pendulum, VPRK.gauss(6), 8.8e5 -> 1.03e6 (chunks of 64 in one program: 1.6e5 and
-# 5.2e5; two threads without chunks: 1.5e5 and 9.8e5).
-_CPU_CHUNK = 64
+# members unless ``batch_size`` says otherwise.  Measured on 2 cores, 4096 members, 50 steps,
+# compiled with vj.compiler_options() (trajectory-steps per second, chunks of 64 / 256 / 1024 /
+# the whole block of 2048): chaotic nonholonomic system, NonholonomicVPRK.lobatto(3), 6.4e5 /
+# 6.8e5 / 6.2e5 / 5.8e5; Kepler, VPRK.gauss(2), 1.08e7 / 1.13e7 / 1.32e7 / 1.31e7; double
+# pendulum, VPRK.gauss(6), 1.10e6 / 1.13e6 / 1.14e6 / 1.09e6; CVT gearbox,
+# DiscreteGradient.gonzalez(), 1.13e6 / 1.23e6 / 1.25e6 / 1.25e6; heavy top, GroupVPRK.gauss(2)
+# Cayley, 1.40e6 / 1.57e6 / 1.60e6 / 1.57e6.  (With XLA's default options 64 had been best:
+# wider chunks crossed the size from which XLA:CPU hands reductions to YNNPACK.)
+_CPU_CHUNK = 256
+_CPU_BLOCK = 64   # the fewest members a block (thread) gets
 
 
 def _cores() -> int:
@@ -168,14 +172,14 @@ _CPU_MIN_WORK = 1 << 15   # members x steps
 
 
 def _cpu_threads(members, count: int, n_steps: int) -> int:
-    """Blocks of members to run from threads: one per core, at least ``_CPU_CHUNK`` members
+    """Blocks of members to run from threads: one per core, at least ``_CPU_BLOCK`` members
     each, on a CPU backend with concrete inputs (under a trace there is one program) and at
     least ``_CPU_MIN_WORK`` member-steps."""
     if jax.default_backend() != "cpu" or count * n_steps < _CPU_MIN_WORK:
         return 1
     if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(members)):
         return 1
-    return max(1, min(_cores(), count // _CPU_CHUNK))
+    return max(1, min(_cores(), count // _CPU_BLOCK))
 
 
 def _run_threads(members, shared, threads: int, count: int, name, n_steps, save_every,
