@@ -48,10 +48,8 @@ CASES = ("kepler", "general_kepler", "double_pendulum", "rattle", "galerkin4", "
 N_STEPS = 20_000
 
 
-def build(vj, case, compiler_options=None):
-    """``(call, n_steps, executable)``: a compiled ``vj.simulate`` of ``case``, called with
-    its data (compiled with the XLA ``compiler_options``, if given)."""
-    import jax
+def case_data(vj, case):
+    """``(system, integrator, h, (q0, v0))`` of ``case``."""
     import jax.numpy as jnp
 
     pend = (jnp.array([np.sin(1.0), -np.cos(1.0)]), jnp.zeros(2))
@@ -91,7 +89,15 @@ def build(vj, case, compiler_options=None):
         retraction = vj.lie.Exp() if case.endswith("_exp") else vj.lie.Cayley()
         table[case] = (system, vj.GroupVPRK.lobatto(3, retraction=retraction),
                        0.1 if case.startswith("unicycle_") else 0.05, system.initial())
-    system, integ, h, args = table[case]
+    return table[case]
+
+
+def build(vj, case, compiler_options=None):
+    """``(call, n_steps, executable)``: a compiled ``vj.simulate`` of ``case``, called with
+    its data (compiled with the XLA ``compiler_options``, if given)."""
+    import jax
+
+    system, integ, h, args = case_data(vj, case)
     run = jax.jit(lambda q0, v0: vj.simulate(system, integ, q0=q0, v0=v0, dt=h,
                                              n_steps=N_STEPS, save_every=N_STEPS // 10).q)
     exe = run.lower(*args).compile(compiler_options=compiler_options)

@@ -138,9 +138,10 @@ def test_bad_input_names_the_fix(kwargs, match):
 
 
 def test_direct_calls_compile_with_vijax_xla_options(monkeypatch):
-    """Direct calls of simulate and simulate_ensemble compile with vj.compiler_options()
-    (an option XLA refuses makes them fail), calls under the caller's jit with the caller's
-    options (the same option changes nothing there); the options are empty off a CPU."""
+    """Direct calls of simulate and simulate_ensemble compile with vj.compiler_options() (an
+    option value XLA refuses makes them fail); calls under the caller's jit or grad with the
+    caller's options (the same option changes nothing there, and no nested jit carries
+    options, which JAX refuses); the options are empty off a CPU."""
     import sys
 
     import vijax._xla as X
@@ -153,10 +154,14 @@ def test_direct_calls_compile_with_vijax_xla_options(monkeypatch):
     monkeypatch.setattr(M, "_JITS", {})
     monkeypatch.setattr(M, "_CHECKED", {})
     args = dict(dt=0.05, n_steps=4)
-    with pytest.raises(Exception, match="NOT_A_FUSION_TYPE"):
+    with pytest.raises(Exception, match="NOT_A_FUSION_TYPE' is not a valid enum value"):
         vj.simulate(SYSTEM, GAUSS2, q0=Q0[0] + 0.01, v0=V0[0], **args)
-    with pytest.raises(Exception, match="NOT_A_FUSION_TYPE"):
+    with pytest.raises(Exception, match="NOT_A_FUSION_TYPE' is not a valid enum value"):
         vj.simulate_ensemble(SYSTEM, GAUSS2, q0=Q0 + 0.01, v0=V0, **args)
+    loss = lambda q: vj.simulate(SYSTEM, GAUSS2, q0=q, v0=V0[0], **args).q[-1, 0]  # noqa: E731
+    for grad in (jax.grad(loss), jax.jit(jax.grad(loss))):
+        assert np.all(np.isfinite(grad(Q0[0])))
+    assert np.all(np.isfinite(jax.vmap(loss)(Q0)))
     traced = jax.jit(lambda q, v: vj.simulate_ensemble(SYSTEM, GAUSS2, q0=q, v0=v, **args).q)
     np.testing.assert_allclose(traced(Q0, V0)[:, -1], called, rtol=1e-14, atol=1e-14)
 

@@ -83,8 +83,8 @@ params, rest = ensemble._split_system(systems, 0, 13)
 members, shared = ensemble._place((params, q0, v0), (rest, GAUSS2, jnp.asarray(0.05),
                                                      jnp.asarray(0.0), None), mesh)
 assert [s.data.shape for s in members[1].addressable_shards] == [(2, 2)] * 8
-hlo = ensemble._run.lower(members, shared, mesh, "v0", 20, 5, None, True,
-                          False).lowered.compile().as_text()
+hlo = ensemble._runner().lower(members, shared, mesh, "v0", 20, 5, None, True,
+                             False).lowered.compile().as_text()
 found = re.findall(r"(all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)\\(",
                    hlo)
 assert not found, found

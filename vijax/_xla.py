@@ -1,8 +1,10 @@
 """XLA options for the programs vijax compiles itself.
 
-A direct call of :func:`vijax.simulate` or :func:`vijax.simulate_ensemble` compiles its run
-with :func:`compiler_options`; under your own :func:`jax.jit` the options of your program
-apply, and you can pass the same ones (``jax.jit(f, compiler_options=vj.compiler_options())``).
+A direct call of :func:`vijax.simulate` or :func:`vijax.simulate_ensemble` (concrete inputs,
+no transformation around it) compiles its run with :func:`compiler_options`; under your own
+``jax.jit``, ``jax.grad`` or ``jax.vmap`` the options of your program apply (JAX takes them
+from the outermost ``jit`` only and refuses them on a nested one), and you can pass the same
+ones: ``jax.jit(f, compiler_options=vj.compiler_options())``.
 """
 
 from __future__ import annotations
@@ -10,52 +12,91 @@ from __future__ import annotations
 import functools
 from typing import Optional
 
+import equinox as eqx
 import jax
 import numpy as np
 
 __all__ = ["compiler_options"]
 
-# XLA:CPU hands reductions (with the elementwise code that feeds them) to its YNNPACK library
-# fusions once they read a few thousand elements, as a vmapped ensemble's do (members x stages
-# x n ...); in float64 these ran 1.4-2.3x slower than XLA's own fused loops.  Measured on
-# 1024-member ensembles, 50 steps, one process, trajectory-steps per second with the default
-# options -> these (jax 0.10.2, 2-core CPU): heavy top GroupVPRK.gauss(2) Cayley 4.1e5 ->
-# 8.2e5, CVT gearbox DiscreteGradient.gonzalez() 2.7e5 -> 6.3e5, SI-DLA 2.1e6 -> 4.1e6,
-# Kepler VPRK.gauss(2) 6.0e6 -> 8.8e6, unicycle GroupVPRK.lobatto(3) 2.5e5 -> 3.7e5, double
-# pendulum VPRK.gauss(6) 5.6e5 -> 6.1e5, chaotic NonholonomicVPRK.lobatto(3) 3.3e5 -> 3.4e5.
-# Matrix products alone stay with YNNPACK (faster than XLA's: turning YNNPACK off entirely
-# gave the same numbers except the chaotic system, 3.1e5).
-_CPU = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+# Each option is probed on its own (they are experimental: an XLA that does not know one
+# refuses the compilation, and only that one is dropped).  Measured with jax 0.10.2 on the
+# 2-core benchmark CPU, both programs alternating in one process:
+#
+# * ``xla_cpu_experimental_ynn_fusion_type``: XLA:CPU hands reductions (with the elementwise
+#   code that feeds them) to its YNNPACK library fusions once they read a few thousand
+#   elements, as a vmapped ensemble's do (members x stages x n ...); in float64 these ran
+#   1.4-2.3x slower than XLA's own fused loops.  1024-member ensembles inside jit, 50 steps,
+#   trajectory-steps per second, default -> this option: heavy top GroupVPRK.gauss(2) Cayley
+#   4.4e5 -> 8.9e5, CVT gearbox DiscreteGradient.gonzalez() 2.8e5 -> 6.4e5, SI-DLA 2.2e6 ->
+#   4.3e6, Kepler VPRK.gauss(2) 6.1e6 -> 8.9e6, unicycle GroupVPRK.lobatto(3) 2.6e5 -> 3.7e5,
+#   double pendulum VPRK.gauss(6) 5.7e5 -> 6.2e5.  Matrix products alone stay with YNNPACK
+#   (faster than XLA's: YNNPACK turned off entirely gave the same numbers, the chaotic
+#   nonholonomic ensemble 0.9x).
+# * ``xla_cpu_use_fusion_emitters=False``: XLA:CPU's loop emitters instead of its newer fusion
+#   emitters for fused loops.  Compilation 1.5-2.6x faster for every benchmark case (e.g. the
+#   heavy top 1.84 -> 1.11 s, the CVT Gonzalez-R 1.98 -> 1.36 s), and per step (20000 steps,
+#   single trajectories): GalerkinVI.gauss(4) 0.61-0.62x, NonholonomicVPRK.lobatto(3) on the
+#   CVT 0.58x, RATTLE 0.82-0.90x, the heavy top 0.81-0.86x, the ball on the turntable 0.90x,
+#   Kepler 0.97-0.98x, the CVT's discrete gradients 0.93-0.95x; slower: AVF-R with the
+#   system's frame 1.26-1.28x, Gonzalez-R with it 1.03-1.04x.  1024-member ensembles: Kepler
+#   0.78x, chaotic 0.82x, heavy top 0.93x, CVT Gonzalez-R 0.94x, double pendulum 1.06x,
+#   SI-DLA 1.21x.  Kepler's gradient 0.88-0.93x per step.
+_CPU = (("xla_cpu_experimental_ynn_fusion_type", "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"),
+        ("xla_cpu_use_fusion_emitters", False))
 
 
 @functools.lru_cache(maxsize=None)
-def _accepted(options: tuple) -> bool:
-    """Whether this jaxlib's XLA knows the options (they are experimental: a version without
-    them refuses the compilation)."""
+def _accepted(name: str, value) -> bool:
+    """Whether this jaxlib's XLA knows the option (and the value)."""
     try:
-        jax.jit(lambda x: x + 1, compiler_options=dict(options)).lower(np.zeros(1)).compile()
-    except Exception:   # noqa: BLE001 -- any refusal means: compile without them
+        jax.jit(lambda x: x + 1, compiler_options={name: value}).lower(np.zeros(1)).compile()
+    except Exception:   # noqa: BLE001 -- any refusal means: compile without it
         return False
     return True
 
 
 def compiler_options(backend: Optional[str] = None) -> dict:
     """The XLA options vijax compiles its own runs with on ``backend`` (default: JAX's
-    default backend): on a CPU, reductions stay in XLA's fused loops rather than going to
-    YNNPACK (several times faster for the small float64 reductions of integrators, up to
-    2.3x for whole ensembles); empty elsewhere, or where this jaxlib does not know the
-    option.
+    default backend).  On a CPU: reductions stay in XLA's fused loops rather than going to
+    YNNPACK (several times faster for the small float64 reductions of integrators; up to 2.3x
+    for whole ensembles), and fused loops are generated by XLA's loop emitters (compilation
+    about 2x faster, most steps faster).  Empty elsewhere; an option this jaxlib does not
+    know is left out.
 
-    Pass them to your own :func:`jax.jit` around vijax calls, e.g.
-    ``jax.jit(f, compiler_options=vj.compiler_options())``: the options of the outermost
-    compiled program are the ones that apply."""
+    Pass them to your own :func:`jax.jit` around vijax calls,
+    ``jax.jit(f, compiler_options=vj.compiler_options())``: JAX applies the options of the
+    outermost compiled program only."""
     backend = jax.default_backend() if backend is None else backend
-    if backend != "cpu" or not _accepted(tuple(sorted(_CPU.items()))):
+    if backend != "cpu":
         return {}
-    return dict(_CPU)
+    return {name: value for name, value in _CPU if _accepted(name, value)}
+
+
+def _traced() -> bool:
+    """Whether this call is being traced (by ``jit``, ``grad``, ``vmap``, ...): JAX refuses
+    compiler options on a ``jit`` nested in any trace but a top-level one it runs eagerly.
+    Assumed so where JAX does not tell."""
+    try:
+        from jax._src.core import trace_state_clean
+    except ImportError:  # pragma: no cover - a JAX without it
+        return True
+    return not trace_state_clean()
 
 
 def jit_options() -> dict:
-    """Keyword arguments of :func:`jax.jit` for vijax's own compiled runs."""
-    options = compiler_options()
+    """Keyword arguments of :func:`jax.jit` for a run vijax compiles and calls itself (none
+    while tracing)."""
+    options = {} if _traced() else compiler_options()
     return {"compiler_options": options} if options else {}
+
+
+@functools.lru_cache(maxsize=None)
+def _filter_jit(fn, options: tuple):
+    return eqx.filter_jit(fn, **({"compiler_options": dict(options)} if options else {}))
+
+
+def filter_jit(fn):
+    """:func:`equinox.filter_jit` of ``fn``, with vijax's options where they apply (see
+    :func:`jit_options`); one compiled function per ``fn`` and options."""
+    options = jit_options().get("compiler_options", {})
+    return _filter_jit(fn, tuple(sorted(options.items())))

@@ -18,7 +18,6 @@ inputs reduces every stage loop's convergence test over all devices, and a faili
 
 from __future__ import annotations
 
-import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Union
@@ -134,8 +133,8 @@ def simulate_ensemble(
     if threads > 1:
         return _run_threads(members, shared, threads, count, name, n_steps, save_every,
                             batch_size, throw, project)
-    sol = _runner(members, shared)(members, shared, mesh, name, n_steps, save_every,
-                                   batch_size, throw, project)
+    sol = _runner()(members, shared, mesh, name, n_steps, save_every, batch_size, throw,
+                    project)
     if sol.q.shape[0] != count:
         sol = _unpad(sol, count, mesh)
     return sol
@@ -185,7 +184,7 @@ def _cpu_threads(members, count: int, n_steps: int) -> int:
 def _run_threads(members, shared, threads: int, count: int, name, n_steps, save_every,
                  batch_size, throw, project):
     """The members in ``threads`` equal blocks (padded, :func:`_pad`: one compilation), each
-    run by :func:`_run` from its own thread, joined."""
+    run by :func:`_members_run` from its own thread, joined."""
     members = _pad(members, threads)
     per = members[2].shape[0] // threads
     blocks = [jax.tree.map(lambda x: x[i * per:(i + 1) * per], members) for i in range(threads)]
@@ -194,7 +193,7 @@ def _run_threads(members, shared, threads: int, count: int, name, n_steps, save_
     # compiled once, before the threads: called first from every thread at once, each thread
     # compiled it again (first call of a chaotic ensemble 3.9 s instead of 3.2 s).  (Running
     # the first block from this thread instead serialised it: 1.7e5 traj-steps/s, not 3.3e5.)
-    run = _runner(members, shared).lower(blocks[0], shared, *static).compile()
+    run = _runner().lower(blocks[0], shared, *static).compile()
 
     def one(block):
         return jax.block_until_ready(run(block, shared, *static))
@@ -348,19 +347,7 @@ def _members_run(members, shared, mesh, name, n_steps, save_every, batch_size, t
                          out_specs=PartitionSpec(_AXIS), check_vma=False)(members, arrays)
 
 
-# traced (inside the caller's jit, whose XLA options apply) and called (compiled here with
-# vijax's own, vijax/_xla.py)
-_run = eqx.filter_jit(_members_run)
-
-
-@functools.lru_cache(maxsize=None)
-def _called_run(options: tuple):
-    return eqx.filter_jit(_members_run, compiler_options=dict(options)) if options else _run
-
-
-def _runner(members, shared):
-    """``_run``, or when no argument is traced, its variant compiled with vijax's XLA
-    options."""
-    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((members, shared))):
-        return _run
-    return _called_run(tuple(sorted(_xla.compiler_options().items())))
+def _runner():
+    """The compiled ensemble run, with vijax's XLA options where they apply (not inside the
+    caller's ``jax.jit``, whose options apply there)."""
+    return _xla.filter_jit(_members_run)
