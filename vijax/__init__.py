@@ -30,7 +30,8 @@ from .systems import (ForcedSystem, HolonomicSystem, LagrangianSystem, LieGroupS
 __version__ = "0.1.0"
 
 __all__ = [
-    "simulate", "simulate_ensemble", "compiler_options", "Solution", "StepStats", "DenseOutput", "PrecisionWarning",
+    "simulate", "simulate_ensemble", "compiler_options", "Solution", "StepStats", "DenseOutput",
+    "PrecisionWarning",
     "LagrangianSystem", "MechanicalSystem", "HolonomicSystem", "NonholonomicSystem",
     "ForcedSystem", "TimeDependentSystem", "LieGroupSystem",
     "AbstractIntegrator", "AbstractDenseIntegrator", "AbstractState", "IncompatibleSystemError",

@@ -16,6 +16,8 @@ import equinox as eqx
 import jax
 import numpy as np
 
+from ._checks import is_traced
+
 __all__ = ["compiler_options"]
 
 # Each option is probed on its own (they are experimental: an XLA that does not know one
@@ -72,21 +74,23 @@ def compiler_options(backend: Optional[str] = None) -> dict:
     return {name: value for name, value in _CPU if _accepted(name, value)}
 
 
-def _traced() -> bool:
-    """Whether this call is being traced (by ``jit``, ``grad``, ``vmap``, ...): JAX refuses
-    compiler options on a ``jit`` nested in any trace but a top-level one it runs eagerly.
-    Assumed so where JAX does not tell."""
-    try:
-        from jax._src.core import trace_state_clean
-    except ImportError:  # pragma: no cover - a JAX without it
-        return True
-    return not trace_state_clean()
+try:
+    from jax._src.core import trace_state_clean as _trace_state_clean
+except ImportError:  # pragma: no cover - a JAX without it: stage a constant and look
+    def _trace_state_clean() -> bool:
+        return not is_traced(jax.lax.full((), 0))
+
+
+def traced() -> bool:
+    """Whether this call is being traced (by ``jit``, ``grad``, ``vmap``, ...), whatever its
+    arguments.  JAX refuses compiler options on a ``jit`` called under any trace."""
+    return not _trace_state_clean()
 
 
 def jit_options() -> dict:
     """Keyword arguments of :func:`jax.jit` for a run vijax compiles and calls itself (none
     while tracing)."""
-    options = {} if _traced() else compiler_options()
+    options = {} if traced() else compiler_options()
     return {"compiler_options": options} if options else {}
 
 

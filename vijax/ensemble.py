@@ -145,12 +145,13 @@ def simulate_ensemble(
 # program spreads only its large kernels over the cores), each block in chunks of this many
 # members unless ``batch_size`` says otherwise.  Measured on 2 cores, 4096 members, 50 steps,
 # compiled with vj.compiler_options() (trajectory-steps per second, chunks of 64 / 256 / 1024 /
-# the whole block of 2048): chaotic nonholonomic system, NonholonomicVPRK.lobatto(3), 6.4e5 /
-# 6.8e5 / 6.2e5 / 5.8e5; Kepler, VPRK.gauss(2), 1.08e7 / 1.13e7 / 1.32e7 / 1.31e7; double
-# pendulum, VPRK.gauss(6), 1.10e6 / 1.13e6 / 1.14e6 / 1.09e6; CVT gearbox,
-# DiscreteGradient.gonzalez(), 1.13e6 / 1.23e6 / 1.25e6 / 1.25e6; heavy top, GroupVPRK.gauss(2)
-# Cayley, 1.40e6 / 1.57e6 / 1.60e6 / 1.57e6.  (With XLA's default options 64 had been best:
-# wider chunks crossed the size from which XLA:CPU hands reductions to YNNPACK.)
+# the whole block of 2048): chaotic nonholonomic system, NonholonomicVPRK.lobatto(3), 6.8e5 /
+# 7.7e5 / 6.3e5 / 5.9e5; Kepler, VPRK.gauss(2), 1.20e7 / 1.51e7 / 1.46e7 / 1.69e7; double
+# pendulum, VPRK.gauss(6), 1.06e6 / 1.11e6 / 1.10e6 / 1.08e6; CVT gearbox,
+# DiscreteGradient.gonzalez(), 1.20e6 / 1.31e6 / 1.31e6 / 1.34e6; SI-DLA 5.0e6 / 5.8e6 / 6.0e6 /
+# 5.8e6; heavy top, GroupVPRK.gauss(2) Cayley, 1.50e6 / 1.68e6 / 1.69e6 / 1.63e6.  (With XLA's
+# default options 64 had been best: wider chunks crossed the size from which XLA:CPU hands
+# reductions to YNNPACK.)
 _CPU_CHUNK = 256
 _CPU_BLOCK = 64   # the fewest members a block (thread) gets
 
@@ -348,6 +349,6 @@ def _members_run(members, shared, mesh, name, n_steps, save_every, batch_size, t
 
 
 def _runner():
-    """The compiled ensemble run, with vijax's XLA options where they apply (not inside the
-    caller's ``jax.jit``, whose options apply there)."""
+    """The compiled ensemble run, with vijax's XLA options where they apply (not under a
+    trace: there the caller's outermost ``jax.jit`` sets them)."""
     return _xla.filter_jit(_members_run)

@@ -842,16 +842,7 @@ def _checked_key(leaves, treedef):
         return None
 
 
-try:
-    from jax._src.core import trace_state_clean as _trace_state_clean
-except ImportError:  # pragma: no cover - a JAX without it: stage a constant and look
-    def _trace_state_clean() -> bool:
-        return not _is_traced(jax.lax.full((), 0))
-
-
-def _tracing() -> bool:
-    """Whether this call is being traced (inside ``jit``), whatever its arguments."""
-    return not _trace_state_clean()
+_tracing = _xla.traced
 
 
 def _raise_if_failed(sol: Solution, integrator: AbstractIntegrator, t0, dt,
