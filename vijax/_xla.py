@@ -51,7 +51,8 @@ _CPU = (("xla_cpu_experimental_ynn_fusion_type", "LIBRARY_FUSION_TYPE_INDIVIDUAL
 def _accepted(name: str, value) -> bool:
     """Whether this jaxlib's XLA knows the option (and the value)."""
     try:
-        jax.jit(lambda x: x + 1, compiler_options={name: value}).lower(np.zeros(1)).compile()
+        probe = jax.jit(lambda x: x + 1, compiler_options={name: value})
+        probe.lower(np.zeros(1, np.float32)).compile()
     except Exception:   # noqa: BLE001 -- any refusal means: compile without it
         return False
     return True
