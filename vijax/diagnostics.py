@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import ArrayLike
 
-from . import constraints
+from . import _xla, constraints
 from ._typing import BoolScalar, Scalar, ScalarLike, Times, Vector, VectorLike
 from .integrators._base import AbstractIntegrator, AbstractState
 from .simulate import Solution
@@ -330,14 +330,17 @@ def convergence_study(system: LagrangianSystem, integrator: AbstractIntegrator, 
                             estimate_order(hs, ep).order)
 
 
-@eqx.filter_jit
 def advance(system: LagrangianSystem, integrator: AbstractIntegrator, q0: VectorLike,
             v0: VectorLike, h: ScalarLike, n: int) -> tuple[AbstractState, BoolScalar]:
     """``n`` steps of size ``h`` from ``(q0, v0)``; returns the final state and whether every
     stage solve converged.  Pass ``h`` and ``n`` as arrays: the trip count is dynamic, so one
     compilation per (system, method) serves every step size and count (forward mode only;
-    :func:`vijax.simulate` is the reverse-differentiable driver)."""
+    :func:`vijax.simulate` is the reverse-differentiable driver).  Called directly, it is
+    compiled with :func:`vijax.compiler_options`."""
+    return _xla.filter_jit(_advance)(system, integrator, q0, v0, h, n)
 
+
+def _advance(system, integrator, q0, v0, h, n):
     def body(_, carry):
         state, ok = carry
         state, stats = integrator.step(system, state, h)
