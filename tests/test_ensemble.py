@@ -138,10 +138,10 @@ def test_bad_input_names_the_fix(kwargs, match):
 
 
 def test_direct_calls_compile_with_vijax_xla_options(monkeypatch):
-    """Direct calls of simulate and simulate_ensemble compile with vj.compiler_options() (an
-    option value XLA refuses makes them fail); calls under the caller's jit or grad with the
-    caller's options (the same option changes nothing there, and no nested jit carries
-    options, which JAX refuses); the options are empty off a CPU."""
+    """Direct calls of simulate, simulate_ensemble and diagnostics.advance compile with
+    vj.compiler_options() (an option value XLA refuses makes them fail); calls under the
+    caller's jit or grad with the caller's options (the same option changes nothing there,
+    and no nested jit carries options, which JAX refuses); the options are empty off a CPU."""
     import sys
 
     import vijax._xla as X
@@ -149,8 +149,8 @@ def test_direct_calls_compile_with_vijax_xla_options(monkeypatch):
 
     assert X.compiler_options("gpu") == {} and X.compiler_options("tpu") == {}
     called = ensemble(n_steps=4, save_every=1).q[:, -1]
-    bad = {"xla_cpu_experimental_ynn_fusion_type": "NOT_A_FUSION_TYPE"}
-    monkeypatch.setattr(X, "compiler_options", lambda backend=None: dict(bad))
+    bad = (("xla_cpu_experimental_ynn_fusion_type", "NOT_A_FUSION_TYPE"),)
+    monkeypatch.setattr(X, "_for_backend", lambda backend: bad)
     monkeypatch.setattr(M, "_JITS", {})
     monkeypatch.setattr(M, "_CHECKED", {})
     args = dict(dt=0.05, n_steps=4)
@@ -160,6 +160,8 @@ def test_direct_calls_compile_with_vijax_xla_options(monkeypatch):
         vj.simulate(SYSTEM, GAUSS2, q0=Q0[0] + 0.01, v0=V0[0], **args)
     with pytest.raises(Exception, match=refused):
         vj.simulate_ensemble(SYSTEM, GAUSS2, q0=Q0 + 0.01, v0=V0, **args)
+    with pytest.raises(Exception, match=refused):
+        vj.diagnostics.advance(SYSTEM, GAUSS2, Q0[1], V0[1], jnp.asarray(0.05), jnp.asarray(4))
     loss = lambda q: vj.simulate(SYSTEM, GAUSS2, q0=q, v0=V0[0], **args).q[-1, 0]  # noqa: E731
     for grad in (jax.grad(loss), jax.jit(jax.grad(loss))):
         assert np.all(np.isfinite(grad(Q0[0])))

@@ -172,7 +172,8 @@ def test_mechanical_derivatives_equal_the_lagrangians_autodiff(name):
     jq = [jax.jacfwd(f, argnums=(1, 2))(system, q, v) for f in (closed, generic)]
     for a, b in zip(jax.tree.leaves(jq[0]), jax.tree.leaves(jq[1])):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)
-    weight = lambda f: lambda s: jnp.sum(jnp.stack(f(s, q, v)) * jnp.arange(1.0, 1.0 + 2 * q.size).reshape(2, -1))  # noqa: E731,E501
+    w = jnp.arange(1.0, 1.0 + 2 * q.size).reshape(2, -1)
+    weight = lambda f: lambda s: jnp.sum(jnp.stack(f(s, q, v)) * w)  # noqa: E731
     ga, gb = (eqx.filter_grad(weight(f))(system) for f in (closed, generic))
     for a, b in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)

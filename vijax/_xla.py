@@ -58,6 +58,14 @@ def _accepted(name: str, value) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=None)
+def _for_backend(backend: str) -> tuple:
+    """The options on ``backend`` as sorted ``(name, value)`` pairs (probed once)."""
+    if backend != "cpu":
+        return ()
+    return tuple(sorted((name, value) for name, value in _CPU if _accepted(name, value)))
+
+
 def compiler_options(backend: Optional[str] = None) -> dict:
     """The XLA options vijax compiles its own runs with on ``backend`` (default: JAX's
     default backend).  On a CPU: reductions stay in XLA's fused loops rather than going to
@@ -69,10 +77,7 @@ def compiler_options(backend: Optional[str] = None) -> dict:
     Pass them to your own :func:`jax.jit` around vijax calls,
     ``jax.jit(f, compiler_options=vj.compiler_options())``: JAX applies the options of the
     outermost compiled program only."""
-    backend = jax.default_backend() if backend is None else backend
-    if backend != "cpu":
-        return {}
-    return {name: value for name, value in _CPU if _accepted(name, value)}
+    return dict(_for_backend(jax.default_backend() if backend is None else backend))
 
 
 try:
@@ -88,20 +93,18 @@ def traced() -> bool:
     return not _trace_state_clean()
 
 
-def jit_options() -> dict:
-    """Keyword arguments of :func:`jax.jit` for a run vijax compiles and calls itself (none
-    while tracing)."""
-    options = {} if traced() else compiler_options()
-    return {"compiler_options": options} if options else {}
+def active() -> tuple:
+    """The options, as sorted ``(name, value)`` pairs, for a program vijax compiles and calls
+    itself: none while tracing."""
+    return () if traced() else _for_backend(jax.default_backend())
 
 
 @functools.lru_cache(maxsize=None)
 def _filter_jit(fn, options: tuple):
-    return eqx.filter_jit(fn, **({"compiler_options": dict(options)} if options else {}))
+    return eqx.filter_jit(fn, compiler_options=dict(options) or None)
 
 
 def filter_jit(fn):
-    """:func:`equinox.filter_jit` of ``fn``, with vijax's options where they apply (see
-    :func:`jit_options`); one compiled function per ``fn`` and options."""
-    options = jit_options().get("compiler_options", {})
-    return _filter_jit(fn, tuple(sorted(options.items())))
+    """:func:`equinox.filter_jit` of ``fn`` with the :func:`active` options; one compiled
+    function per ``fn`` and options."""
+    return _filter_jit(fn, active())

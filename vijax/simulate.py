@@ -687,7 +687,7 @@ def _compiled(treedef, static, counts):
             out_static[0] = rest if jax.tree_util.tree_leaves(rest) else None
             return out
 
-        jitted = jax.jit(run, **_xla.jit_options())
+        jitted = jax.jit(run, compiler_options=dict(_xla.active()) or None)
 
         def fn(*leaves):
             out = jitted(*leaves)
@@ -802,7 +802,7 @@ def simulate(
     values = dict(q0=q0, v0=v0, p0=p0, dt=dt, t0=t0, project=project, controls=controls)
     # one flattening serves the test for traced inputs and the cache key
     leaves, treedef = jax.tree_util.tree_flatten((system, integrator, values))
-    if _tracing() or any(_is_traced(x) for x in leaves):
+    if _xla.traced() or any(_is_traced(x) for x in leaves):
         return _finish(integrator, *_check_values(system, integrator, **values), *counts,
                        throw=throw)
     key = _checked_key(leaves, treedef)
@@ -841,8 +841,6 @@ def _checked_key(leaves, treedef):
     except (TypeError, ValueError):
         return None
 
-
-_tracing = _xla.traced
 
 
 def _raise_if_failed(sol: Solution, integrator: AbstractIntegrator, t0, dt,
