@@ -9,6 +9,7 @@ form ``y = (q, v)``, ``y' = (v, a(q, v))``.  All arithmetic is float64.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 
 import jax
@@ -28,7 +29,20 @@ __all__ = [
     "kepler_ensemble",
     "kepler_exact",
     "vector_field",
+    "vijax_options",
 ]
+
+
+def vijax_options() -> dict:
+    """The XLA options for programs that wrap vijax in the benchmark's own ``jax.jit``:
+    ``vj.compiler_options()``, as the docs tell users to pass (vijax's direct calls compile
+    with them); the peers keep XLA's defaults, as their users would (on the CPU the options
+    leave diffrax's Tsit5 and Dopri8 single trajectories unchanged, 0.99x).
+    ``VIJAX_BENCH_XLA_DEFAULTS=1`` compiles vijax with XLA's defaults too (the benchmarks'
+    setting before 2026-11-28)."""
+    if os.environ.get("VIJAX_BENCH_XLA_DEFAULTS", "") not in ("", "0"):
+        return {}
+    return vj.compiler_options()
 
 
 # --------------------------------------------------------------------------------------------

@@ -154,13 +154,13 @@ def loss_of(final):
     return loss
 
 
-def compiled(fn, x):
-    """AOT-compiled ``jax.jit(fn)`` at ``x``; (executable, lower s, compile s, temp bytes,
-    argument+output bytes)."""
+def compiled(fn, x, options=None):
+    """AOT-compiled ``jax.jit(fn)`` at ``x`` with the XLA ``options``; (executable, lower s,
+    compile s, temp bytes, argument+output bytes)."""
     t0 = time.perf_counter()
     low = jax.jit(fn).lower(x)
     t1 = time.perf_counter()
-    exe = low.compile()
+    exe = low.compile(compiler_options=options or None)
     t2 = time.perf_counter()
     mem = exe.memory_analysis()
     temp = int(mem.temp_size_in_bytes) if mem is not None else None
@@ -204,12 +204,14 @@ def part_a(cfg, save=lambda partial: None):
                 # a forward run per vijax adjoint (the denominator is store_all's); diffrax's
                 # forward does not depend on the number of checkpoints: timed once
                 need_fwd = lib == "vijax" or adj == cfg["checkpoints"][0]
+                # vijax as its docs tell users to compile it; diffrax with XLA's defaults
+                options = P.vijax_options() if lib == "vijax" else None
                 if need_fwd:
-                    fexe, flow, fcomp, ftemp, _ = compiled(final, q0)
+                    fexe, flow, fcomp, ftemp, _ = compiled(final, q0, options)
                     e.update(fwd_lower_s=flow, fwd_compile_s=fcomp, fwd_temp_bytes=ftemp)
                 else:
                     fexe = None
-                gexe, glow, gcomp, gtemp, gio = compiled(jax.grad(loss_of(final)), q0)
+                gexe, glow, gcomp, gtemp, gio = compiled(jax.grad(loss_of(final)), q0, options)
                 e.update(grad_lower_s=glow, grad_compile_s=gcomp, grad_temp_bytes=gtemp,
                          grad_io_bytes=gio)
                 log(f"    {key:22s} grad temp {gtemp / 1e6:9.4f} MB, compile "

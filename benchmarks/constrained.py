@@ -29,6 +29,7 @@ constrained_summary{_quick}.txt.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -259,9 +260,10 @@ def cached_runner(problem, key, n_steps, save_every, system):
 
 
 def constrained_runner(system, integ, n_steps, save_every):
-    """jit(q0, v0, dt) -> dict of saved q, v, multipliers and solver statistics."""
+    """jit(q0, v0, dt) -> dict of saved q, v, multipliers and solver statistics, compiled
+    with :func:`_problems.vijax_options`."""
 
-    @jax.jit
+    @functools.partial(jax.jit, compiler_options=P.vijax_options() or None)
     def run(q0, v0, dt):
         # throw=False: the sweeps record unconverged runs instead of stopping at them
         sol = vj.simulate(system, integ, q0=q0, v0=v0, dt=dt, n_steps=n_steps,

@@ -16,6 +16,7 @@ import argparse
 
 import jax
 
+import _problems as P
 from adjoints import ADJOINTS, call, compiled, loss_of, problems, vijax_final
 
 
@@ -29,7 +30,7 @@ def main():
     _, system, q0, v0 = problems()[args.problem]
     for n in (int(x) for x in args.steps.split(",")):
         loss = loss_of(vijax_final(system, v0, n, args.adjoint))
-        fwd, grad = (compiled(f, q0)[0] for f in (loss, jax.grad(loss)))
+        fwd, grad = (compiled(f, q0, P.vijax_options())[0] for f in (loss, jax.grad(loss)))
         times = {"fwd": [], "grad": []}
         for _ in range(args.calls):
             for name, exe in (("fwd", fwd), ("grad", grad)):

@@ -914,8 +914,10 @@ def main(argv=None):
     ap.add_argument("--xla-small-loop-threshold", type=int, default=None, metavar="BYTES",
                     help="sensitivity check: XLA:CPU's xla_cpu_small_while_loop_byte_threshold "
                          "(default 1 kB); results get the suffix _xlaloopBYTES")
+    ap.add_argument("--tag", default="", help="output name suffix (e.g. _options)")
     args = ap.parse_args(argv)
     TAG, cfg = ("_quick", QUICK) if args.quick else ("", FULL)
+    TAG += args.tag
     if args.xla_small_loop_threshold is not None:
         if XLA_SMALL_LOOP_THRESHOLD != args.xla_small_loop_threshold:
             ap.error("--xla-small-loop-threshold only works from the command line (it must "

@@ -21,6 +21,7 @@ reported.  Results: ``benchmarks/results/*.json`` and ``*.png``.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import math
@@ -235,9 +236,10 @@ def timed(fn, *args, repeats: int = 3, warm: bool = True, budget: float | None =
 
 
 def vijax_runner(system, integ, n_steps: int, save_every: int):
-    """jit(q0, v0, dt) -> (t, q, v, mean iterations, all converged)."""
+    """jit(q0, v0, dt) -> (t, q, v, mean iterations, all converged), compiled with
+    :func:`_problems.vijax_options`."""
 
-    @jax.jit
+    @functools.partial(jax.jit, compiler_options=P.vijax_options() or None)
     def run(q0, v0, dt):
         # throw=False: step-size sweeps run into non-convergence on purpose and record it
         sol = vj.simulate(system, integ, q0=q0, v0=v0, dt=dt, n_steps=n_steps,
