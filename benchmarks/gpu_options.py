@@ -63,18 +63,11 @@ def accepted(options) -> tuple[bool, str]:
 
 
 def problems():
-    chaotic = vj.systems.ChaoticNonholonomic()
-    pendulum = vj.systems.DoublePendulum()
-
-    def sheet(b):
-        return chaotic.sample_energy_sheet(jax.random.PRNGKey(2), b, energy=3.06)
-
-    def rest(b):
-        rng = np.random.default_rng(0)
-        q0 = np.stack([rng.uniform(0.9, 1.1, b), rng.uniform(1.4, 1.6, b)], axis=1)
-        return jnp.asarray(q0), jnp.zeros((b, 2))
-
+    """``name -> (system, integrator, h, T, init(batch) -> (q0, v0))``: the ensembles of
+    ``lane_compaction.py`` (double pendulum from rest, the chaotic system on its energy sheet)
+    and Kepler orbits around ``ab_versions.py``'s."""
     import ab_versions
+    import lane_compaction
 
     kepler, k_integ, k_h, (kq0, kv0) = ab_versions.case_data(vj, "kepler")
 
@@ -82,10 +75,12 @@ def problems():
         dv = 0.01 * jax.random.normal(jax.random.PRNGKey(1), (b, kv0.shape[0]))
         return jnp.broadcast_to(kq0, (b,) + kq0.shape), kv0[None, :] + dv
 
+    shared = lane_compaction.problems()
+    dp, ch = shared["double_pendulum_gauss6"], shared["chaotic_lobatto3"]
     return {
         "kepler_gauss2": (kepler, k_integ, k_h, 10.0, orbit),
-        "double_pendulum_gauss6": (pendulum, vj.VPRK.gauss(6), 0.035, 10.0, rest),
-        "chaotic_lobatto3": (chaotic, vj.NonholonomicVPRK.lobatto(3), 0.2, 20.0, sheet),
+        "double_pendulum_gauss6": (*dp[:3], 10.0, dp[3]),
+        "chaotic_lobatto3": (*ch[:3], 20.0, ch[3]),
     }
 
 
