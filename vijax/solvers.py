@@ -232,7 +232,14 @@ class ImplicitAdjoint(AbstractAdjoint):
                                       st.converged.astype(x.dtype)])
 
         fixed = jax.lax.stop_gradient((tuple(pc_consts), stall_level))
-        x, aux, packed = _implicit_solve(iterate, fc, jax.lax.stop_gradient(x0), consts, fixed)
+        # The predictor keeps its tangent: the rule ignores it, but where the loop itself is
+        # differentiated (second derivatives, _implicit_solve) the iterates' tangents start
+        # from the predictor's, as good as the predictor, rather than from zero, and converge
+        # with the iterates (the double pendulum's Hessian through 60 VPRK.gauss(2) steps:
+        # asymmetry 5.7e-11 -> 2.6e-15 relative, forward-over-forward against
+        # forward-over-reverse 3.8e-11 -> 2.4e-15; first derivatives bit for bit the same,
+        # at the same cost).
+        x, aux, packed = _implicit_solve(iterate, fc, x0, consts, fixed)
         packed = jax.lax.stop_gradient(packed)
         stats = SolverStats(iterations=packed[0].astype(jnp.int32), residual=packed[1],
                             converged=packed[2] > 0.5)

@@ -63,7 +63,7 @@ from ..solvers import Newton
 from ._base import AbstractState
 
 __all__ = ["PRKState", "StepOutput", "stage_equations", "extrapolation", "predict", "at_nodes",
-           "vector_space", "initial_state", "next_state", "Coupling", "momentum_coupling",
+           "vector_space", "initial_state", "next_state", "corrected", "missed", "Coupling", "momentum_coupling",
            "first_order_terms", "free_precond", "nonholonomic_precond", "nonholonomic_solver"]
 
 MODES = ("free", "holonomic", "nonholonomic")
@@ -526,6 +526,38 @@ def predict(pair: tb.PartitionedTableau, state: PRKState, h, mode: str, extra: s
             return (H0 + 2.0 * shift[None, :], h * mm(extrap, state.lams), H0[-1] + 3.0 * shift)
         return (H0, h * mm(extrap, state.lams), H0[-1] + shift)
     return (H0, jnp.zeros((0,), state.p.dtype), None)
+
+
+def corrected(X0, misses, warm):
+    """The warm start ``X0`` corrected by the predictor's last misses ``misses[0]``,
+    ``misses[1]`` (``X - X0`` of the last two steps, :func:`missed`), extrapolated linearly.
+
+    The miss of an extrapolated predictor is a smooth function of time to leading order (the
+    extrapolation error of smooth stage values, plus the stage values' own error, smooth in
+    time for each stage), so each miss of the last steps carried over removes one power of
+    ``h``.  ``warm`` counts the steps taken (at most 3): the first step's predictor comes
+    from the initial state, not from stage values, so its miss is not carried; the second
+    step's miss corrects from the third step on, both misses from the fourth.  Measured on
+    the chaotic double pendulum, ``VPRK`` (velocity form), h = 0.01, 20000 steps, fixed-point
+    updates per step without / with the last miss / with both: Gauss(2) 4.49 / 4.13 / 3.83,
+    Gauss(3) 3.97 / 3.66 / 3.37, Lobatto IIIA-IIIB(3) 5.40 / 4.98 / 4.55 (the step 0.90x,
+    0.91x, 0.87x); ``gauss(6)`` at h = 0.035 4.77 / 4.76 / 4.79 (its updates are set by the
+    contraction rate, not the start).  Where the start matters less the carried misses cost
+    more than they save: Kepler (force form) 2.19 -> 2.04 updates but 1.06-1.10x the step
+    time, so ``VPRK`` carries them in its velocity form only, up to four stages
+    (``VPRK._carries_misses``).  (``NonholonomicVPRK``, measured with the same correction on
+    its stage values and impulses: the CVT gearbox
+    ``lobatto(3)`` h = 0.1 5.31 -> 4.78 updates, the chaotic system h = 0.1 5.75 -> 5.10,
+    h = 0.2 7.31 -> 7.07; not adopted yet.)"""
+    last = jnp.where(warm >= 2, misses[0], 0.0)
+    trend = jnp.where(warm >= 3, misses[0] - misses[1], 0.0)
+    return X0 + (last + trend).astype(X0.dtype)
+
+
+def missed(misses, X, X0):
+    """The misses for the next step: this step's ``X - X0`` (root minus uncorrected predictor;
+    not differentiated) and the last one."""
+    return jnp.stack([jax.lax.stop_gradient(X - X0), misses[0]])
 
 
 def through_the_node(pair: tb.PartitionedTableau, dtype):
