@@ -63,7 +63,7 @@ from ..solvers import Newton
 from ._base import AbstractState
 
 __all__ = ["PRKState", "StepOutput", "stage_equations", "extrapolation", "predict", "at_nodes",
-           "vector_space", "initial_state", "next_state", "corrected", "missed", "Coupling", "momentum_coupling",
+           "vector_space", "initial_state", "next_state", "corrected", "missed", "corrected_start", "Coupling", "momentum_coupling",
            "first_order_terms", "free_precond", "nonholonomic_precond", "nonholonomic_solver"]
 
 MODES = ("free", "holonomic", "nonholonomic")
@@ -77,7 +77,9 @@ class PRKState(AbstractState):
     predictor is built.  For a nonholonomic
     system ``lam`` is ``Λ^s`` of the step that ended here, the next step's ``Λ^1``, and ``v``
     is the node velocity ``η^s`` (the inverse Legendre map of ``p``), not the IIIB stage
-    velocity."""
+    velocity.  ``misses``, ``lam_misses``: the predictor's misses on the stage unknowns and
+    impulses of the last two steps and ``warm`` the steps taken (:func:`corrected`), carried by
+    the nonholonomic mode (elsewhere empty arrays)."""
 
     t: Float[Array, ""]
     q: PyTree
@@ -86,6 +88,9 @@ class PRKState(AbstractState):
     lam: Float[Array, " m"]
     stages: Float[Array, "s d"]
     lams: Float[Array, "s m"]
+    misses: Float[Array, "2 r d"]
+    lam_misses: Float[Array, "2 r2 m"]
+    warm: Float[Array, ""]
 
 
 class StepOutput(NamedTuple):
@@ -545,10 +550,13 @@ def corrected(X0, misses, warm):
     contraction rate, not the start).  Where the start matters less the carried misses cost
     more than they save: Kepler (force form) 2.19 -> 2.04 updates but 1.06-1.10x the step
     time, so ``VPRK`` carries them in its velocity form only, up to four stages
-    (``VPRK._carries_misses``).  (``NonholonomicVPRK``, measured with the same correction on
-    its stage values and impulses: the CVT gearbox
-    ``lobatto(3)`` h = 0.1 5.31 -> 4.78 updates, the chaotic system h = 0.1 5.75 -> 5.10,
-    h = 0.2 7.31 -> 7.07; not adopted yet.)"""
+    (``VPRK._carries_misses``).  The nonholonomic mode (``NonholonomicVPRK``, the
+    nonholonomic ``GroupVPRK``) corrects its stage values and impulses the same way
+    (:func:`corrected_start`): the CVT gearbox ``lobatto(3)`` at h = 0.1 5.31 -> 4.78 updates
+    per step (the step 0.92x), the quartic system 5.67 -> 5.10 (0.95x), the unicycle on
+    SE(2) 0.87x (Cayley) and 0.88x (Exp), chaotic ensembles of 1024-4096 members
+    ``lobatto(3)`` h = 0.2 7.36 -> 7.13 (0.97-0.98x), h = 0.1 5.77 -> 5.12 (0.93x).  The
+    holonomic and unconstrained group modes carry none (not measured yet)."""
     last = jnp.where(warm >= 2, misses[0], 0.0)
     trend = jnp.where(warm >= 3, misses[0] - misses[1], 0.0)
     return X0 + (last + trend).astype(X0.dtype)
@@ -611,18 +619,39 @@ def free_group_predictor(pair: tb.PartitionedTableau, state: PRKState, h,
     return jax.vmap(lambda x, y: retraction.dtau_inv(group, x) @ y)(Xi, Vp)
 
 
-def initial_state(pair: tb.PartitionedTableau, t0, q0, p0, v0, lam0) -> PRKState:
-    """The state at ``t0``: every stage value starts at the initial velocity and multiplier."""
+def initial_state(pair: tb.PartitionedTableau, t0, q0, p0, v0, lam0, mode: str = "free"
+                  ) -> PRKState:
+    """The state at ``t0``: every stage value starts at the initial velocity and multiplier;
+    the nonholonomic ``mode`` carries the predictor's misses (:func:`corrected`)."""
     s = pair.q.stages
+    rows = (s, s - 1) if mode == "nonholonomic" else (0, 0)
     return PRKState(t=t0, q=q0, p=p0, v=v0, lam=lam0,
                     stages=jnp.broadcast_to(v0, (s,) + v0.shape),
-                    lams=jnp.broadcast_to(lam0, (s,) + lam0.shape))
+                    lams=jnp.broadcast_to(lam0, (s,) + lam0.shape),
+                    misses=jnp.zeros((2, rows[0]) + v0.shape, v0.dtype),
+                    lam_misses=jnp.zeros((2, rows[1]) + lam0.shape, v0.dtype),
+                    warm=jnp.zeros((), v0.dtype))
 
 
-def next_state(state: PRKState, mode: str, X, out: StepOutput, h, v_free=None) -> PRKState:
+def corrected_start(state: PRKState, X0):
+    """The warm start ``X0 = (H, μ, extra)`` with its stage values and impulses corrected by
+    the state's misses (:func:`corrected`), where the state carries them."""
+    if state.misses.shape[1] == 0:
+        return X0
+    return (corrected(X0[0], state.misses, state.warm),
+            corrected(X0[1], state.lam_misses, state.warm)) + tuple(X0[2:])
+
+
+def next_state(state: PRKState, mode: str, X, out: StepOutput, h, v_free=None, X0=None
+               ) -> PRKState:
     """The state after a converged step: the multipliers from the impulses, the node values
-    from the last residual evaluation."""
+    from the last residual evaluation; where the state carries the predictor's misses, this
+    step's against the uncorrected warm start ``X0``."""
     H, mus = X[0], X[1]
+    misses, lam_misses, warm = state.misses, state.lam_misses, state.warm
+    if misses.shape[1] > 0 and X0 is not None:
+        misses, lam_misses = missed(misses, H, X0[0]), missed(lam_misses, mus, X0[1])
+        warm = jnp.minimum(warm + 1.0, 3.0)
     if mode == "nonholonomic":
         lams = jnp.concatenate([state.lam[None, :], mus / h])
     elif mode == "holonomic":
@@ -633,4 +662,4 @@ def next_state(state: PRKState, mode: str, X, out: StepOutput, h, v_free=None) -
     # free: the stage body velocities, whatever the chart (free_group_predictor)
     stages = H if out.body is None else out.body
     return PRKState(t=state.t + h, q=out.q, p=out.p, v=v1, lam=lams[-1], stages=stages,
-                    lams=lams)
+                    lams=lams, misses=misses, lam_misses=lam_misses, warm=warm)

@@ -42,8 +42,8 @@ from .._typing import ScalarLike, Vector
 from ..solvers import AbstractRootSolver, SolverStats
 from ..systems import ForcedSystem, LagrangianSystem, NonholonomicSystem, TimeDependentSystem
 from ._base import AbstractIntegrator
-from ._prk_core import (PRKState, at_nodes, initial_state, next_state, nonholonomic_solver,
-                        predict, stage_equations, vector_space)
+from ._prk_core import (PRKState, at_nodes, corrected_start, initial_state, next_state,
+                        nonholonomic_solver, predict, stage_equations, vector_space)
 from .vprk import VPRK, AbstractPRK
 
 __all__ = ["NonholonomicVPRK", "NonholonomicState"]
@@ -183,7 +183,7 @@ class NonholonomicVPRK(AbstractPRK):
         else:
             lam0 = jnp.asarray(lam0, q0.dtype).reshape(exact.shape)
             _warn_if_inconsistent(lam0, exact)
-        return initial_state(self.tableau, t0, q0, p0, v0, lam0)
+        return initial_state(self.tableau, t0, q0, p0, v0, lam0, "nonholonomic")
 
     # -- the step equations -------------------------------------------------------------------
     def _explicit_velocities(self, system) -> bool:
@@ -215,9 +215,9 @@ class NonholonomicVPRK(AbstractPRK):
         solver, precond = nonholonomic_solver(self.solver, self.tableau, self.form,
                                               *vector_space(state.q), system, state, h, X0[0])
         X, out, stats = solver.solve(
-            lambda X: self.stage_equations(system, state, h, X, force), X0, precond,
-            has_aux=True)
-        return next_state(state, "nonholonomic", X, out, h), stats
+            lambda X: self.stage_equations(system, state, h, X, force),
+            corrected_start(state, X0), precond, has_aux=True)
+        return next_state(state, "nonholonomic", X, out, h, X0=X0), stats
 
     def stage_values(self, system: LagrangianSystem, prev: NonholonomicState,
                      new: NonholonomicState, h: ScalarLike, u=None):

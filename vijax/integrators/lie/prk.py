@@ -50,8 +50,9 @@ from ...solvers import AbstractRootSolver, FixedPoint, Newton, SolverStats
 from ...systems import (ForcedSystem, HolonomicSystem, LieGroupSystem, NonholonomicSystem,
                         TimeDependentSystem)
 from .._base import AbstractIntegrator, IncompatibleSystemError, accepting
-from .._prk_core import (PRKState, free_precond, initial_state, momentum_coupling, next_state,
-                         nonholonomic_solver, predict, stage_equations)
+from .._prk_core import (PRKState, corrected_start, free_precond, initial_state,
+                         momentum_coupling, next_state, nonholonomic_solver, predict,
+                         stage_equations)
 from ..nonholonomic import _FORMS
 from ..nonholonomic import _check_hypotheses as _check_nonholonomic_hypotheses
 from ..vprk import PRKTraits, TableauPresets, _as_pair
@@ -244,7 +245,8 @@ class GroupVPRK(TableauPresets, PRKTraits, AbstractIntegrator):
         else:
             m = system.holonomic(q0).shape[0] if self._mode(system) == "holonomic" else 0
             lam0 = jnp.zeros((m,), dtype)
-        return initial_state(self.tableau, t0, q0, sys0.momentum(q0, v0), v0, lam0)
+        return initial_state(self.tableau, t0, q0, sys0.momentum(q0, v0), v0, lam0,
+                             self._mode(system))
 
     # -- the stage equations ----------------------------------------------------------------
     def stage_equations(self, system, state: GroupPRKState, h: ScalarLike, X, force=None,
@@ -299,10 +301,10 @@ class GroupVPRK(TableauPresets, PRKTraits, AbstractIntegrator):
             # holonomic: the rows g(G)/h carry round-off eps |g| / h (cons.row_round_off)
             stall = (cons.row_round_off(state.q, h, self.stages) if mode == "holonomic" else None)
             X, out, stats = solver.solve(
-                lambda X: self.stage_equations(system, state, h, X, force), X0, precond,
-                has_aux=True, stall_level=stall)
+                lambda X: self.stage_equations(system, state, h, X, force),
+                corrected_start(state, X0), precond, has_aux=True, stall_level=stall)
             v1 = None
-        return next_state(state, mode, X, out, h, v1), stats
+        return next_state(state, mode, X, out, h, v1, X0=X0), stats
 
     def velocity(self, system, state: GroupPRKState) -> Vector:
         return state.v
