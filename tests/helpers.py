@@ -158,3 +158,22 @@ def primitives(jaxpr) -> list[str]:
 def while_loops(jaxpr) -> int:
     """The ``while`` loops in a jaxpr, nested ones included."""
     return primitives(jaxpr).count("while")
+
+
+def with_and_without_misses(integrator, system, q0, v0, h: float, n: int):
+    """``n`` steps from ``(q0, v0)`` with the warm start corrected by the predictor's misses
+    (``vijax.integrators._prk_core.corrected``) and with the correction held off (``warm``
+    kept at 0), every solve converged: ``(corrected state, plain state, corrected updates,
+    plain updates)``."""
+    import equinox as eqx
+
+    step = jax.jit(lambda s: integrator.step(system, s, h))
+    plain = jax.jit(lambda s: integrator.step(system, eqx.tree_at(
+        lambda x: x.warm, s, jnp.zeros_like(s.warm)), h))
+    a = b = integrator.init(system, 0.0, q0, v0)
+    updates_a = updates_b = 0
+    for _ in range(n):
+        (a, sa), (b, sb) = step(a), plain(b)
+        assert bool(sa.converged) and bool(sb.converged)
+        updates_a, updates_b = updates_a + int(sa.iterations), updates_b + int(sb.iterations)
+    return a, b, updates_a, updates_b

@@ -744,17 +744,11 @@ def test_predictor_misses_remove_a_power_of_h_each(s):
 
     if s != 3:
         return
+    from helpers import with_and_without_misses
+
     cvt = vj.systems.CVTGearbox()
-    q0, v0 = cvt.initial()
-    step = jax.jit(lambda st: integrator.step(cvt, st, 0.1))
-    plain = jax.jit(lambda st: integrator.step(cvt, eqx.tree_at(
-        lambda x: x.warm, st, jnp.zeros_like(st.warm)), 0.1))
-    a = b = integrator.init(cvt, 0.0, q0, v0)
-    updates_a = updates_b = 0
-    for _ in range(200):
-        (a, sa), (b, sb) = step(a), plain(b)
-        assert bool(sa.converged) and bool(sb.converged)
-        updates_a, updates_b = updates_a + int(sa.iterations), updates_b + int(sb.iterations)
+    a, b, updates_a, updates_b = with_and_without_misses(integrator, cvt, *cvt.initial(), 0.1,
+                                                         200)
     np.testing.assert_allclose(a.q, b.q, rtol=0, atol=1e-11)
     np.testing.assert_allclose(a.p, b.p, rtol=0, atol=1e-11)
     assert updates_a < 0.95 * updates_b, (updates_a, updates_b)

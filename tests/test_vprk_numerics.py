@@ -686,16 +686,9 @@ def test_predictor_misses_remove_a_power_of_h_each(stages):
         assert abs(slope[key] - order) < 0.3, (key, slope, errors)
 
     # the same roots as the uncorrected start (warm held at 0: no miss used), fewer updates
-    h, n = 0.01, 400
-    step = jax.jit(lambda s: integrator.step(system, s, h))
-    plain = jax.jit(lambda s: integrator.step(system, eqx.tree_at(
-        lambda x: x.warm, s, jnp.zeros_like(s.warm)), h))
-    a = b = integrator.init(system, 0.0, q0, v0)
-    updates_a = updates_b = 0
-    for _ in range(n):
-        (a, sa), (b, sb) = step(a), plain(b)
-        assert bool(sa.converged) and bool(sb.converged)
-        updates_a, updates_b = updates_a + int(sa.iterations), updates_b + int(sb.iterations)
+    from helpers import with_and_without_misses
+
+    a, b, updates_a, updates_b = with_and_without_misses(integrator, system, q0, v0, 0.01, 400)
     np.testing.assert_allclose(a.q, b.q, rtol=0, atol=1e-12)
     np.testing.assert_allclose(a.p, b.p, rtol=0, atol=1e-12)
     assert updates_a < 0.95 * updates_b, (updates_a, updates_b)
