@@ -63,8 +63,9 @@ from ..solvers import Newton
 from ._base import AbstractState
 
 __all__ = ["PRKState", "StepOutput", "stage_equations", "extrapolation", "predict", "at_nodes",
-           "vector_space", "initial_state", "next_state", "corrected", "missed", "corrected_start", "Coupling", "momentum_coupling",
-           "first_order_terms", "free_precond", "nonholonomic_precond", "nonholonomic_solver"]
+           "vector_space", "initial_state", "next_state", "corrected", "missed",
+           "corrected_start", "Coupling", "momentum_coupling", "first_order_terms",
+           "free_precond", "nonholonomic_precond", "nonholonomic_solver"]
 
 MODES = ("free", "holonomic", "nonholonomic")
 

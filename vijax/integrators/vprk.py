@@ -63,7 +63,7 @@ class VPRKState(AbstractState):
     p: Float[Array, " n"]
     stages: Float[Array, "s n"]
     forces: Float[Array, "s n"]
-    misses: Float[Array, "2 s n"]
+    misses: Float[Array, "2 r n"]   # r = s where carried (VPRK._carries_misses), else 0
     warm: Float[Array, ""]
 
 
