@@ -292,7 +292,8 @@ class GroupVPRK(TableauPresets, PRKTraits, AbstractIntegrator):
             def residual(H):
                 return self.stage_equations(system, state, h, (H,) + X0[1:], force)
 
-            H, out, stats = solver.solve(residual, X0[0], precond, has_aux=True)
+            H, out, stats = solver.solve(residual, corrected_start(state, X0)[0], precond,
+                                         has_aux=True)
             X = (H,) + X0[1:]
             v1 = system.at(state.t + h).velocity(out.q, out.p, state.v)
         else:
