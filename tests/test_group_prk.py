@@ -705,6 +705,24 @@ def test_ensembles_of_group_elements():
         vj.simulate_ensemble(top, integ, q0=g0[0], v0=xi0, dt=0.05, n_steps=10)
 
 
+def _top_state_and_root(retraction, h):
+    """The heavy top (Gauss(2)) at t = 0.4 with step ``h``: ``(integrator, state, H)``, ``H``
+    the next step's root in that step's chart, solved from its stage body velocities to
+    round-off (``H = dτ^{-1}_{h a H} V``, a contraction of rate ``O(h)``)."""
+    top = vj.systems.HeavyTop(inertia=(1.0, 2.0, 3.0), gravity=1.0)
+    integrator = vj.GroupVPRK.gauss(2, retraction=retraction)
+    state = integrator.init(top, 0.0, vj.lie.SO3().exp(jnp.array([0.3, -0.2, 0.4])),
+                            jnp.array([0.3, -0.8, 1.0]))
+    step = jax.jit(lambda s: integrator.step(top, s, h)[0])
+    for _ in range(int(round(0.4 / h))):
+        state = step(state)
+    V = step(state).stages
+    a, H = jnp.asarray(integrator.tableau.q.a), V
+    for _ in range(60):
+        H = jax.vmap(lambda x, y: retraction.dtau_inv(top.group, x) @ y)(h * a @ H, V)
+    return integrator, state, H
+
+
 @pytest.mark.parametrize("retraction", [vj.lie.Exp(), vj.lie.Cayley()], ids=["exp", "cayley"])
 def test_free_predictor_maps_the_body_velocities_into_the_new_chart(retraction):
     """The warm start of an unconstrained step on SO(3): the previous stage body velocities
@@ -715,25 +733,14 @@ def test_free_predictor_maps_the_body_velocities_into_the_new_chart(retraction):
     extrapolated body velocities taken as ``H`` without the map are ``O(h^2)`` (1.98, 2.00),
     and extrapolating the previous ``H`` across charts cost 0.8--1.7 more updates per step."""
     from vijax.integrators._prk_core import free_group_predictor, through_the_node
-    top = vj.systems.HeavyTop(inertia=(1.0, 2.0, 3.0), gravity=1.0)
-    g0 = vj.lie.SO3().exp(jnp.array([0.3, -0.2, 0.4]))
-    w0 = jnp.array([0.3, -0.8, 1.0])
-    integrator = vj.GroupVPRK.gauss(2, retraction=retraction)
-    a = jnp.asarray(integrator.tableau.q.a)
+    group = vj.lie.SO3()
     hs = np.array([0.04, 0.02, 0.01])
     mapped, unmapped = [], []
     for h in hs:
-        state = integrator.init(top, 0.0, g0, w0)
-        step = jax.jit(lambda s, h=h: integrator.step(top, s, h)[0])
-        for _ in range(int(round(0.4 / h))):
-            state = step(state)
-        V = step(state).stages          # the root's stage body velocities
-        H = V
-        for _ in range(60):             # H = dτ^{-1}_{h a H} V, a contraction of rate O(h)
-            H = jax.vmap(lambda x, y: retraction.dtau_inv(top.group, x) @ y)(h * a @ H, V)
+        integrator, state, H = _top_state_and_root(retraction, h)
         E = through_the_node(integrator.tableau, jnp.float64)
         mapped.append(float(jnp.max(jnp.abs(
-            free_group_predictor(integrator.tableau, state, h, top.group, retraction) - H))))
+            free_group_predictor(integrator.tableau, state, h, group, retraction) - H))))
         unmapped.append(float(jnp.max(jnp.abs(
             E @ jnp.concatenate([state.stages, state.v[None]]) - H))))
     slope = lambda e: np.polyfit(np.log(hs), np.log(e), 1)[0]  # noqa: E731
@@ -752,23 +759,11 @@ def test_free_predictor_misses_remove_a_power_of_h_each(retraction):
     at h = 0.05: 4.15 -> 3.38 Exp, 4.51 -> 3.73 Cayley per step, the step 0.88x)."""
     from helpers import with_and_without_misses
     from vijax.integrators._prk_core import corrected, free_group_predictor
-    top = vj.systems.HeavyTop(inertia=(1.0, 2.0, 3.0), gravity=1.0)
-    g0 = vj.lie.SO3().exp(jnp.array([0.3, -0.2, 0.4]))
-    w0 = jnp.array([0.3, -0.8, 1.0])
-    integrator = vj.GroupVPRK.gauss(2, retraction=retraction)
-    a = jnp.asarray(integrator.tableau.q.a)
     hs = np.array([0.04, 0.02, 0.01])
     errors = {"raw": [], "last": [], "trend": []}
     for h in hs:
-        state = integrator.init(top, 0.0, g0, w0)
-        step = jax.jit(lambda s, h=h: integrator.step(top, s, h)[0])
-        for _ in range(int(round(0.4 / h))):
-            state = step(state)
-        V = step(state).stages
-        H = V
-        for _ in range(60):             # the root in this step's chart, as above
-            H = jax.vmap(lambda x, y: retraction.dtau_inv(top.group, x) @ y)(h * a @ H, V)
-        raw = free_group_predictor(integrator.tableau, state, h, top.group, retraction)
+        integrator, state, H = _top_state_and_root(retraction, h)
+        raw = free_group_predictor(integrator.tableau, state, h, vj.lie.SO3(), retraction)
         last_only = state.misses.at[1].set(state.misses[0])
         for key, start in (("raw", raw), ("last", corrected(raw, last_only, state.warm)),
                            ("trend", corrected(raw, state.misses, state.warm))):
@@ -776,7 +771,10 @@ def test_free_predictor_misses_remove_a_power_of_h_each(retraction):
     slope = {k: np.polyfit(np.log(hs), np.log(e), 1)[0] for k, e in errors.items()}
     for key, order in (("raw", 3), ("last", 4), ("trend", 5)):
         assert abs(slope[key] - order) < 0.3, (key, slope, errors)
-    a, b, updates_a, updates_b = with_and_without_misses(integrator, top, g0, w0, 0.05, 200)
+    top = vj.systems.HeavyTop(inertia=(1.0, 2.0, 3.0), gravity=1.0)
+    g0 = vj.lie.SO3().exp(jnp.array([0.3, -0.2, 0.4]))
+    a, b, updates_a, updates_b = with_and_without_misses(integrator, top, g0,
+                                                         jnp.array([0.3, -0.8, 1.0]), 0.05, 200)
     np.testing.assert_allclose(a.q, b.q, rtol=0, atol=1e-12)
     np.testing.assert_allclose(a.p, b.p, rtol=0, atol=1e-12)
     assert updates_a < 0.9 * updates_b, (updates_a, updates_b)
