@@ -85,20 +85,15 @@ def problems():
 
 
 def dopri8(T: float):
-    import diffrax as dfx
-    import _problems as P
+    """``(q0, v0) -> (ys, steps)``: the double-pendulum ensemble's Dopri8 (hand-written field,
+    rtol = atol = 1e-10) of ``benchmarks/ensemble.py``, to be compiled here."""
+    import ensemble
 
-    term = dfx.ODETerm(P.vector_field(vj.systems.DoublePendulum(), "hand-written"))
-
-    def one(y0):
-        sol = dfx.diffeqsolve(term, dfx.Dopri8(), 0.0, T, None, y0,
-                              saveat=dfx.SaveAt(t1=True),
-                              stepsize_controller=dfx.PIDController(rtol=1e-10, atol=1e-10),
-                              max_steps=10_000_000, throw=False)
-        return sol.ys[-1], sol.stats["num_steps"]
+    call = ensemble.dopri8_run("hand-written", T, 1)
 
     def run(q0, v0):
-        return jax.vmap(one)(jnp.concatenate([q0, v0], axis=1))
+        ys, steps, _ = call(q0, v0, 1e-10)
+        return ys, steps
 
     return run
 

@@ -162,14 +162,14 @@ def while_loops(jaxpr) -> int:
 
 def with_and_without_misses(integrator, system, q0, v0, h: float, n: int):
     """``n`` steps from ``(q0, v0)`` with the warm start corrected by the predictor's misses
-    (``vijax.integrators._prk_core.corrected``) and with the correction held off (``warm``
-    kept at 0), every solve converged: ``(corrected state, plain state, corrected updates,
+    (``vijax.integrators._prk_core.Misses``) and with the correction held off (its
+    ``warm`` kept at 0), every solve converged: ``(corrected state, plain state, corrected updates,
     plain updates)``."""
     import equinox as eqx
 
     step = jax.jit(lambda s: integrator.step(system, s, h))
     plain = jax.jit(lambda s: integrator.step(system, eqx.tree_at(
-        lambda x: x.warm, s, jnp.zeros_like(s.warm)), h))
+        lambda x: x.misses.warm, s, jnp.zeros_like(s.misses.warm)), h))
     a = b = integrator.init(system, 0.0, q0, v0)
     updates_a = updates_b = 0
     for _ in range(n):
@@ -177,3 +177,24 @@ def with_and_without_misses(integrator, system, q0, v0, h: float, n: int):
         assert bool(sa.converged) and bool(sb.converged)
         updates_a, updates_b = updates_a + int(sa.iterations), updates_b + int(sb.iterations)
     return a, b, updates_a, updates_b
+
+
+def assert_miss_orders(hs, case, orders, tol: float = 0.3):
+    """The warm start's error against the step's root at each step size of ``hs``:
+    uncorrected, with the predictor's last miss, and with the trend of the last two
+    (``vijax.integrators._prk_core.corrected``) -- least-squares log-log slopes within ``tol``
+    of ``orders`` (three numbers).  ``case(h) -> (raw start, the state's Misses record, root)``;
+    the record's first carried unknown is the one corrected."""
+    from vijax.integrators._prk_core import corrected
+
+    errors = {"raw": [], "last": [], "trend": []}
+    for h in hs:
+        raw, record, root = case(h)
+        misses, warm = record.values[0], record.warm
+        last_only = misses.at[1].set(misses[0])   # no trend
+        for key, start in (("raw", raw), ("last", corrected(raw, last_only, warm)),
+                           ("trend", corrected(raw, misses, warm))):
+            errors[key].append(float(jnp.max(jnp.abs(start - root))))
+    slope = {k: np.polyfit(np.log(hs), np.log(e), 1)[0] for k, e in errors.items()}
+    for key, order in zip(("raw", "last", "trend"), orders):
+        assert abs(slope[key] - order) < tol, (key, slope, errors)

@@ -842,7 +842,6 @@ def _checked_key(leaves, treedef):
         return None
 
 
-
 def _raise_if_failed(sol: Solution, integrator: AbstractIntegrator, t0, dt,
                      save_every: int) -> None:
     ok = np.asarray(sol.stats.converged)

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,8 +64,8 @@ from ..solvers import Newton
 from ._base import AbstractState
 
 __all__ = ["PRKState", "StepOutput", "stage_equations", "extrapolation", "predict", "at_nodes",
-           "vector_space", "initial_state", "next_state", "corrected", "missed",
-           "corrected_start", "Coupling", "momentum_coupling", "first_order_terms",
+           "vector_space", "initial_state", "next_state", "corrected", "missed", "Misses",
+           "Coupling", "momentum_coupling", "first_order_terms",
            "free_precond", "nonholonomic_precond", "nonholonomic_solver"]
 
 MODES = ("free", "holonomic", "nonholonomic")
@@ -78,10 +79,9 @@ class PRKState(AbstractState):
     predictor is built.  For a nonholonomic
     system ``lam`` is ``Λ^s`` of the step that ended here, the next step's ``Λ^1``, and ``v``
     is the node velocity ``η^s`` (the inverse Legendre map of ``p``), not the IIIB stage
-    velocity.  ``misses``, ``lam_misses``: the predictor's misses on the stage unknowns and
-    impulses of the last two steps and ``warm`` the steps taken (:func:`corrected`), carried by
-    the nonholonomic mode and (stage values only) the unconstrained group mode; the holonomic
-    mode carries empty arrays."""
+    velocity.  ``misses``: the predictor's misses of the last two steps (:class:`Misses`) on
+    the stage unknowns and impulses (nonholonomic mode), the stage unknowns (unconstrained
+    group mode), none (holonomic mode)."""
 
     t: Float[Array, ""]
     q: PyTree
@@ -90,9 +90,7 @@ class PRKState(AbstractState):
     lam: Float[Array, " m"]
     stages: Float[Array, "s d"]
     lams: Float[Array, "s m"]
-    misses: Float[Array, "2 r d"]
-    lam_misses: Float[Array, "2 r2 m"]
-    warm: Float[Array, ""]
+    misses: "Misses"
 
 
 class StepOutput(NamedTuple):
@@ -553,9 +551,9 @@ def corrected(X0, misses, warm):
     more than they save: Kepler (force form) 2.19 -> 2.04 updates but 1.06-1.10x the step
     time, so ``VPRK`` carries them in its velocity form only, up to four stages
     (``VPRK._carries_misses``).  The nonholonomic mode (``NonholonomicVPRK``, the
-    nonholonomic ``GroupVPRK``) corrects its stage values and impulses the same way
-    (:func:`corrected_start`): the CVT gearbox ``lobatto(3)`` at h = 0.1 5.31 -> 4.78 updates
-    per step (the step 0.92x), the quartic system 5.67 -> 5.10 (0.95x), the unicycle on
+    nonholonomic ``GroupVPRK``) corrects its stage values and impulses the same way: the CVT
+    gearbox ``lobatto(3)`` at h = 0.1 5.31 -> 4.78 updates per step (the step 0.92x), the
+    quartic system 5.67 -> 5.10 (0.95x), the unicycle on
     SE(2) 0.87x (Cayley) and 0.88x (Exp), chaotic ensembles of 1024-4096 members
     ``lobatto(3)`` h = 0.2 7.36 -> 7.13 (0.97-0.98x), h = 0.1 5.77 -> 5.12 (0.93x).  The
     unconstrained group mode corrects its chart-mapped stage values (``O(h^3)`` -> ``O(h^4)``
@@ -571,6 +569,36 @@ def missed(misses, X, X0):
     """The misses for the next step: this step's ``X - X0`` (root minus uncorrected predictor;
     not differentiated) and the last one."""
     return jnp.stack([jax.lax.stop_gradient(X - X0), misses[0]])
+
+
+class Misses(eqx.Module):
+    """The predictor's misses of the last two steps on the leading unknowns of a stage solve
+    (``values``: one ``(2, ...)`` array per corrected unknown, ``()`` where the method carries
+    none) and the steps taken, at most 3 (``warm``): the record :func:`corrected` reads and
+    :func:`missed` writes, in every state that carries it."""
+
+    values: tuple
+    warm: Float[Array, ""]
+
+    @classmethod
+    def zeros(cls, shapes, dtype) -> "Misses":
+        """A record for unknowns of ``shapes`` (none: an empty record, which corrects and
+        records nothing)."""
+        return cls(tuple(jnp.zeros((2,) + tuple(s), dtype) for s in shapes),
+                   jnp.zeros((), dtype))
+
+    def correct(self, X0: tuple) -> tuple:
+        """The warm start ``X0`` (a tuple of unknowns) with its leading unknowns corrected."""
+        k = len(self.values)
+        return tuple(corrected(x, m, self.warm)
+                     for x, m in zip(X0[:k], self.values)) + tuple(X0[k:])
+
+    def after(self, X: tuple, X0: tuple) -> "Misses":
+        """The record after a step from the uncorrected warm start ``X0`` to the root ``X``."""
+        if not self.values:
+            return self
+        return Misses(tuple(missed(m, x, x0) for m, x, x0 in zip(self.values, X, X0)),
+                      jnp.minimum(self.warm + 1.0, 3.0))
 
 
 def through_the_node(pair: tb.PartitionedTableau, dtype):
@@ -630,23 +658,12 @@ def initial_state(pair: tb.PartitionedTableau, t0, q0, p0, v0, lam0, mode: str =
     the nonholonomic and the unconstrained (``"free"``) ``mode`` carry the predictor's misses
     (:func:`corrected`)."""
     s = pair.q.stages
-    rows = {"nonholonomic": (s, s - 1), "free": (s, 0)}.get(mode, (0, 0))
+    shapes = {"nonholonomic": [(s,) + v0.shape, (s - 1,) + lam0.shape],
+              "free": [(s,) + v0.shape]}.get(mode, [])
     return PRKState(t=t0, q=q0, p=p0, v=v0, lam=lam0,
                     stages=jnp.broadcast_to(v0, (s,) + v0.shape),
                     lams=jnp.broadcast_to(lam0, (s,) + lam0.shape),
-                    misses=jnp.zeros((2, rows[0]) + v0.shape, v0.dtype),
-                    lam_misses=jnp.zeros((2, rows[1]) + lam0.shape, v0.dtype),
-                    warm=jnp.zeros((), v0.dtype))
-
-
-def corrected_start(state: PRKState, X0):
-    """The warm start ``X0 = (H, μ, extra)`` with its stage values and impulses corrected by
-    the state's misses (:func:`corrected`), where the state carries them."""
-    if state.misses.shape[1] == 0:
-        return X0
-    mus = (corrected(X0[1], state.lam_misses, state.warm) if state.lam_misses.shape[1] > 0
-           else X0[1])
-    return (corrected(X0[0], state.misses, state.warm), mus) + tuple(X0[2:])
+                    misses=Misses.zeros(shapes, v0.dtype))
 
 
 def next_state(state: PRKState, mode: str, X, out: StepOutput, h, v_free=None, X0=None
@@ -655,12 +672,7 @@ def next_state(state: PRKState, mode: str, X, out: StepOutput, h, v_free=None, X
     from the last residual evaluation; where the state carries the predictor's misses, this
     step's against the uncorrected warm start ``X0``."""
     H, mus = X[0], X[1]
-    misses, lam_misses, warm = state.misses, state.lam_misses, state.warm
-    if misses.shape[1] > 0 and X0 is not None:
-        misses = missed(misses, H, X0[0])
-        if lam_misses.shape[1] > 0:
-            lam_misses = missed(lam_misses, mus, X0[1])
-        warm = jnp.minimum(warm + 1.0, 3.0)
+    misses = state.misses if X0 is None else state.misses.after(X, X0)
     if mode == "nonholonomic":
         lams = jnp.concatenate([state.lam[None, :], mus / h])
     elif mode == "holonomic":
@@ -671,4 +683,4 @@ def next_state(state: PRKState, mode: str, X, out: StepOutput, h, v_free=None, X
     # free: the stage body velocities, whatever the chart (free_group_predictor)
     stages = H if out.body is None else out.body
     return PRKState(t=state.t + h, q=out.q, p=out.p, v=v1, lam=lams[-1], stages=stages,
-                    lams=lams, misses=misses, lam_misses=lam_misses, warm=warm)
+                    lams=lams, misses=misses)

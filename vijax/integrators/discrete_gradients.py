@@ -305,9 +305,9 @@ def _metric_solve(g: Float[Array, "m m"], rho: Vector) -> Vector:
     ``m <= 3`` (:func:`vijax._linalg.cramer`; a LAPACK call inside the solver loop cost half
     of a fixed-point step on the CVT gearbox, m = 2: 62 against 27 µs; the closed-form
     inverse times ``ρ``, 4% slower steps than the solution written out), LU above:
-    :func:`vijax._linalg.solve` unrolls up to ``m = 6``, which made the step on the quartic system (m = 6) slower, with
-    Newton 830--860 against 590--610 µs and with the preconditioned fixed point 70 against
-    63 µs."""
+    :func:`vijax._linalg.solve` unrolls up to ``m = 6``, which made the step on the quartic
+    system (m = 6) slower, with Newton 830--860 against 590--610 µs and with the
+    preconditioned fixed point 70 against 63 µs."""
     return _linalg.cramer(g, rho) if g.shape[-1] <= 3 else jnp.linalg.solve(g, rho)
 
 

@@ -42,7 +42,7 @@ from .._typing import ScalarLike, Vector
 from ..solvers import AbstractRootSolver, SolverStats
 from ..systems import ForcedSystem, LagrangianSystem, NonholonomicSystem, TimeDependentSystem
 from ._base import AbstractIntegrator
-from ._prk_core import (PRKState, at_nodes, corrected_start, initial_state, next_state,
+from ._prk_core import (PRKState, at_nodes, initial_state, next_state,
                         nonholonomic_solver, predict, stage_equations, vector_space)
 from .vprk import VPRK, AbstractPRK
 
@@ -216,7 +216,7 @@ class NonholonomicVPRK(AbstractPRK):
                                               *vector_space(state.q), system, state, h, X0[0])
         X, out, stats = solver.solve(
             lambda X: self.stage_equations(system, state, h, X, force),
-            corrected_start(state, X0), precond, has_aux=True)
+            state.misses.correct(X0), precond, has_aux=True)
         return next_state(state, "nonholonomic", X, out, h, X0=X0), stats
 
     def stage_values(self, system: LagrangianSystem, prev: NonholonomicState,

@@ -43,8 +43,8 @@ from ..quadrature import (
 from ..solvers import AbstractRootSolver, FixedPoint, SolverStats
 from ..systems import ForcedSystem, LagrangianSystem, MechanicalSystem, TimeDependentSystem
 from ._base import AbstractDenseIntegrator, AbstractIntegrator, AbstractState
-from ._prk_core import (at_nodes, corrected, extrapolate, extrapolation, free_precond,
-                        missed, momentum_coupling, stage_equations, vector_space)
+from ._prk_core import (Misses, at_nodes, extrapolate, extrapolation, free_precond,
+                        momentum_coupling, stage_equations, vector_space)
 
 __all__ = ["AbstractPRK", "VPRK", "VPRKState", "stage_values", "at_nodes"]
 
@@ -53,18 +53,17 @@ _CONJUGACY_TOL = 1e-12
 
 class VPRKState(AbstractState):
     """``(t, q, p)`` plus the last step's stage velocities ``V^i`` and stage forces
-    ``W^i = D1L(Q^i, V^i)`` (the next step's predictor and the step's dense output), the
-    predictor's misses on the unknowns of the last two steps (``misses``, root minus
-    predictor) and the number of steps taken, up to 3 (``warm``): see
-    :func:`vijax.integrators._prk_core.corrected`."""
+    ``W^i = D1L(Q^i, V^i)`` (the next step's predictor and the step's dense output), and the
+    predictor's misses on the unknowns of the last two steps
+    (:class:`vijax.integrators._prk_core.Misses`; empty unless
+    :meth:`VPRK._carries_misses`)."""
 
     t: Float[Array, ""]
     q: Float[Array, " n"]
     p: Float[Array, " n"]
     stages: Float[Array, "s n"]
     forces: Float[Array, "s n"]
-    misses: Float[Array, "2 r n"]   # r = s where carried (VPRK._carries_misses), else 0
-    warm: Float[Array, ""]
+    misses: Misses
 
 
 def stage_values(system, a, q, h, V, force=None, times=None):
@@ -276,10 +275,9 @@ class VPRK(TableauPresets, AbstractPRK):
         at_t0 = system.at(t0)
         stages = jnp.broadcast_to(v0, (self.stages,) + v0.shape)
         forces = jnp.broadcast_to(at_t0.d1_lagrangian(q0, v0), (self.stages,) + v0.shape)
-        rows = self.stages if self._carries_misses(system) else 0
+        carried = [stages.shape] if self._carries_misses(system) else []
         return VPRKState(t=t0, q=q0, p=at_t0.momentum(q0, v0), stages=stages, forces=forces,
-                         misses=jnp.zeros((2, rows) + v0.shape, q0.dtype),
-                         warm=jnp.zeros((), q0.dtype))
+                         misses=Misses.zeros(carried, q0.dtype))
 
     @staticmethod
     def _velocity_form(system) -> bool:
@@ -347,7 +345,6 @@ class VPRK(TableauPresets, AbstractPRK):
         extrap = self._extrapolation(q.dtype)
         force = self._force(system, state, h, u)
         times = self._stage_times(state.t, h)
-        misses, warm = state.misses, state.warm   # carried unchanged outside the velocity form
         if isinstance(system, MechanicalSystem) and system.constant_mass:
             # Force form: with a constant mass matrix the stage velocities are a linear
             # function of the stage forces, V^i = M^{-1} (p + h sum_j â_ij W^j), so the
@@ -365,9 +362,10 @@ class VPRK(TableauPresets, AbstractPRK):
                 D1 = at_nodes(system, times, lambda sys, x, y: sys.d1_lagrangian(x, y), Q, V)
                 return W - (D1 if force is None else D1 + force(Q, V))
 
-            W, stats = self.solver.solve(
-                residual, self._force_predictor(system, state, extrap, minv, force))
-            V = velocities(W)
+            # (the misses: an empty record in this form, see _carries_misses)
+            X0 = self._force_predictor(system, state, extrap, minv, force)
+            W, stats = self.solver.solve(residual, state.misses.correct((X0,))[0])
+            V, X = velocities(W), W
         else:
             if self._velocity_form(system):
                 # Velocity form V^i = M(Q^i)^{-1} P^i: the fixed-point map uses each stage's
@@ -386,8 +384,6 @@ class VPRK(TableauPresets, AbstractPRK):
                 # Coriolis terms make this iteration contract slowly, and a better start
                 # saves updates: the chaotic double pendulum 4.49 -> 3.83 per Gauss(2) step)
                 X0 = self._velocity_predictor(system, state, extrap)
-                V0 = (corrected(X0, state.misses, state.warm) if self._carries_misses(system)
-                      else X0)
             else:
                 # Momentum form D2L(Q^i, V^i) - P^i: the stage equations every PRK family
                 # shares (vijax.integrators._prk_core, on the group R^n), preconditioned by
@@ -399,7 +395,7 @@ class VPRK(TableauPresets, AbstractPRK):
                 precond = free_precond(self.tableau, group, minv, p, V0[-1], h,
                                        momentum_coupling(at_t, group, q, V0[-1]))
                 none = jnp.zeros((0,), q.dtype)
-                V0 = X0 = self._momentum_predictor(system, state, extrap, minv)
+                X0 = self._momentum_predictor(system, state, extrap, minv)
 
                 def residual(V):
                     res, out = stage_equations(self.tableau, group, retraction, system, "free",
@@ -408,12 +404,11 @@ class VPRK(TableauPresets, AbstractPRK):
 
             # W^i comes from the last residual evaluation (within the tolerance of the
             # root), not from an evaluation after the solve.
-            V, W, stats = self.solver.solve(residual, V0, precond, has_aux=True)
-            if self._carries_misses(system):
-                misses = missed(state.misses, V, X0)
-                warm = jnp.minimum(state.warm + 1.0, 3.0)
+            V, W, stats = self.solver.solve(residual, state.misses.correct((X0,))[0], precond,
+                                            has_aux=True)
+            X = V
         new = VPRKState(t=state.t + h, q=q + h * mm(b, V), p=p + h * mm(b, W), stages=V,
-                        forces=W, misses=misses, warm=warm)
+                        forces=W, misses=state.misses.after((X,), (X0,)))
         return new, stats
 
     def velocity(self, system: LagrangianSystem, state: VPRKState) -> Vector:

@@ -50,7 +50,7 @@ from ...solvers import AbstractRootSolver, FixedPoint, Newton, SolverStats
 from ...systems import (ForcedSystem, HolonomicSystem, LieGroupSystem, NonholonomicSystem,
                         TimeDependentSystem)
 from .._base import AbstractIntegrator, IncompatibleSystemError, accepting
-from .._prk_core import (PRKState, corrected_start, free_precond, initial_state,
+from .._prk_core import (PRKState, free_precond, initial_state,
                          momentum_coupling, next_state, nonholonomic_solver, predict,
                          stage_equations)
 from ..nonholonomic import _FORMS
@@ -292,7 +292,7 @@ class GroupVPRK(TableauPresets, PRKTraits, AbstractIntegrator):
             def residual(H):
                 return self.stage_equations(system, state, h, (H,) + X0[1:], force)
 
-            H, out, stats = solver.solve(residual, corrected_start(state, X0)[0], precond,
+            H, out, stats = solver.solve(residual, state.misses.correct(X0)[0], precond,
                                          has_aux=True)
             X = (H,) + X0[1:]
             v1 = system.at(state.t + h).velocity(out.q, out.p, state.v)
@@ -303,7 +303,7 @@ class GroupVPRK(TableauPresets, PRKTraits, AbstractIntegrator):
             stall = (cons.row_round_off(state.q, h, self.stages) if mode == "holonomic" else None)
             X, out, stats = solver.solve(
                 lambda X: self.stage_equations(system, state, h, X, force),
-                corrected_start(state, X0), precond, has_aux=True, stall_level=stall)
+                state.misses.correct(X0), precond, has_aux=True, stall_level=stall)
             v1 = None
         return next_state(state, mode, X, out, h, v1, X0=X0), stats
 
