@@ -493,19 +493,26 @@ def _equal_stage_momenta(pair: tb.PartitionedTableau) -> bool:
 
 def predict(pair: tb.PartitionedTableau, state: PRKState, h, mode: str, extra: str = "", *,
             system=None, group: Optional[AbstractLieGroup] = None,
-            retraction: Optional[AbstractRetraction] = None):
+            retraction: Optional[AbstractRetraction] = None, retrace: bool = False):
     """The warm start ``X0`` of :func:`stage_equations` from the previous step's stage values:
     the stage values extrapolated; the holonomic node velocity shifted by the change of the
     last stage (with equal stage momenta, as in RATTLE, stage and node velocities from the
     mean velocity and the node velocity, exact to ``O(h²)``); the nonholonomic ``extra``:
     ``"velocities"`` (``w = η^2..η^s``) the predicted stages shifted the same way,
     ``"momenta"`` (the Hamiltonian form; needs ``system``, ``group`` and ``retraction``) the
-    Legendre map ``D2ℓ(G^i, V^i)`` at the predicted stages."""
+    Legendre map ``D2ℓ(G^i, V^i)`` at the predicted stages.
+
+    ``retrace`` (nonholonomic mode on a vector space, a symmetric pair; see
+    :meth:`vijax.integrators.AbstractIntegrator.retracing`): ``state`` was reached by a step
+    with ``-h``, whose stage values and multipliers, in reverse order, are this step's root."""
     if mode == "free" and group is not None and retraction is not None:
         return (free_group_predictor(pair, state, h, group, retraction),
                 jnp.zeros((0,), state.p.dtype), None)
     extrap = extrapolation(pair, state.p.dtype)
-    H0 = mm(extrap, state.stages)
+    if retrace:
+        H0, lams = state.stages[::-1], state.lams[::-1]
+    else:
+        H0, lams = mm(extrap, state.stages), mm(extrap, state.lams)
     shift = state.v - state.stages[-1]
     if mode == "nonholonomic":
         if extra == "velocities":
@@ -519,7 +526,7 @@ def predict(pair: tb.PartitionedTableau, state: PRKState, h, mode: str, extra: s
             x0 = at_nodes(system, state.t + h * c, lambda sy, x, y: sy.momentum(x, y), G, V)
         else:
             x0 = None
-        return (H0, h * mm(extrap, state.lams)[1:], x0)
+        return (H0, h * lams[1:], x0)
     if mode == "holonomic":
         if _equal_stage_momenta(pair):
             # Equal rows of â (Lobatto IIIB(2): RATTLE) give equal stage momenta, hence (for

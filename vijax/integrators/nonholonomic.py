@@ -41,7 +41,7 @@ from .._checks import is_traced
 from .._typing import ScalarLike, Vector
 from ..solvers import AbstractRootSolver, SolverStats
 from ..systems import ForcedSystem, LagrangianSystem, NonholonomicSystem, TimeDependentSystem
-from ._base import AbstractIntegrator
+from ._base import AbstractIntegrator, confirming, replace_static
 from ._prk_core import (PRKState, at_nodes, initial_state, next_state,
                         nonholonomic_solver, predict, stage_equations, vector_space)
 from .vprk import VPRK, AbstractPRK
@@ -127,6 +127,7 @@ class NonholonomicVPRK(AbstractPRK):
     tableau: tb.PartitionedTableau
     solver: AbstractRootSolver | None
     form: str = eqx.field(static=True)
+    retrace: bool = eqx.field(static=True)
 
     symplectic = False
     supported = frozenset({NonholonomicSystem, ForcedSystem, TimeDependentSystem})
@@ -142,6 +143,7 @@ class NonholonomicVPRK(AbstractPRK):
         self.tableau = pair
         self.solver = solver
         self.form = form
+        self.retrace = False
 
     @classmethod
     def lobatto(cls, s: int, **kwargs) -> "NonholonomicVPRK":
@@ -206,7 +208,10 @@ class NonholonomicVPRK(AbstractPRK):
                  "" if self._explicit_velocities(system) else "velocities")
         group, retraction = vector_space(state.q)
         return predict(self.tableau, state, h, "nonholonomic", extra, system=system, group=group,
-                       retraction=retraction)
+                       retraction=retraction, retrace=self.retrace)
+
+    def retracing(self) -> "NonholonomicVPRK":
+        return replace_static(self, retrace=True)
 
     def step(self, system: LagrangianSystem, state: NonholonomicState, h: ScalarLike, u=None
              ) -> tuple[NonholonomicState, SolverStats]:
@@ -214,9 +219,13 @@ class NonholonomicVPRK(AbstractPRK):
         X0 = self._predictor(system, state, h)
         solver, precond = nonholonomic_solver(self.solver, self.tableau, self.form,
                                               *vector_space(state.q), system, state, h, X0[0])
+        if self.retrace:
+            solver, start = confirming(solver), X0
+        else:
+            start = state.misses.correct(X0)
         X, out, stats = solver.solve(
-            lambda X: self.stage_equations(system, state, h, X, force),
-            state.misses.correct(X0), precond, has_aux=True)
+            lambda X: self.stage_equations(system, state, h, X, force), start, precond,
+            has_aux=True)
         return next_state(state, "nonholonomic", X, out, h, X0=X0), stats
 
     def stage_values(self, system: LagrangianSystem, prev: NonholonomicState,

@@ -42,7 +42,8 @@ from ..quadrature import (
 )
 from ..solvers import AbstractRootSolver, FixedPoint, SolverStats
 from ..systems import ForcedSystem, LagrangianSystem, MechanicalSystem, TimeDependentSystem
-from ._base import AbstractDenseIntegrator, AbstractIntegrator, AbstractState
+from ._base import (AbstractDenseIntegrator, AbstractIntegrator, AbstractState, confirming,
+                    replace_static)
 from ._prk_core import (Misses, at_nodes, extrapolate, extrapolation, free_precond,
                         momentum_coupling, stage_equations, vector_space)
 
@@ -239,6 +240,7 @@ class VPRK(TableauPresets, AbstractPRK):
     tableau: tb.PartitionedTableau
     solver: AbstractRootSolver
     predictor: Literal["extrapolate", "constant"] = eqx.field(static=True)
+    retrace: bool = eqx.field(static=True)
 
     symplectic = True
     supported = frozenset({ForcedSystem, TimeDependentSystem})
@@ -252,6 +254,7 @@ class VPRK(TableauPresets, AbstractPRK):
         if predictor == "extrapolate" and len(set(self.tableau.q.c_)) < self.tableau.q.stages:
             predictor = "constant"  # repeated nodes: no interpolation polynomial
         self.predictor = predictor
+        self.retrace = False
 
     # -- presets (gauss, lobatto, midpoint from TableauPresets) ------------------------------
     @classmethod
@@ -338,6 +341,16 @@ class VPRK(TableauPresets, AbstractPRK):
             lambda: system.at(state.t).d1_lagrangian(state.q, mm(minv, state.p)))
         return self._extrapolate(state.forces, extrap, node)
 
+    def retracing(self) -> "VPRK":
+        return replace_static(self, retrace=True, solver=confirming(self.solver))
+
+    def _start(self, state: VPRKState, X0, carried):
+        """The stage solve's start: the predictor ``X0`` corrected by its last misses, or,
+        retracing (:meth:`retracing`), the unknowns ``carried`` from the step being retraced,
+        in reverse order (with symmetric nodes and coefficients the stage values of the step
+        with ``-h`` are those of the step with ``h`` in reverse order)."""
+        return carried[::-1] if self.retrace else state.misses.correct((X0,))[0]
+
     def step(self, system: LagrangianSystem, state: VPRKState, h: ScalarLike, u=None
              ) -> tuple[VPRKState, SolverStats]:
         q, p = state.q, state.p
@@ -364,7 +377,7 @@ class VPRK(TableauPresets, AbstractPRK):
 
             # (the misses: an empty record in this form, see _carries_misses)
             X0 = self._force_predictor(system, state, extrap, minv, force)
-            W, stats = self.solver.solve(residual, state.misses.correct((X0,))[0])
+            W, stats = self.solver.solve(residual, self._start(state, X0, state.forces))
             V, X = velocities(W), W
         else:
             if self._velocity_form(system):
@@ -404,8 +417,8 @@ class VPRK(TableauPresets, AbstractPRK):
 
             # W^i comes from the last residual evaluation (within the tolerance of the
             # root), not from an evaluation after the solve.
-            V, W, stats = self.solver.solve(residual, state.misses.correct((X0,))[0], precond,
-                                            has_aux=True)
+            V, W, stats = self.solver.solve(residual, self._start(state, X0, state.stages),
+                                            precond, has_aux=True)
             X = V
         new = VPRKState(t=state.t + h, q=q + h * mm(b, V), p=p + h * mm(b, W), stages=V,
                         forces=W, misses=state.misses.after((X,), (X0,)))
