@@ -108,6 +108,24 @@ _CHAOTIC = vj.systems.ChaoticNonholonomic()
 RETRACED += [(f"nonholonomic, {form}", vj.NonholonomicVPRK.lobatto(3, form=form), _CHAOTIC,
               _CHAOTIC.initial_conditions()[0][3], _CHAOTIC.initial_conditions()[1][3])
              for form in ("lagrangian", "hamiltonian")]
+RETRACED += [(f"holonomic, {name}", integ, vj.systems.CartesianPendulum(),
+              jnp.array([np.sin(TH), -np.cos(TH)]), 0.5 * jnp.array([np.cos(TH), np.sin(TH)]))
+             for name, integ in (("RATTLE", vj.HolonomicVPRK.rattle()),
+                                 ("Lobatto(3)", vj.HolonomicVPRK.lobatto(3)))]
+
+
+RETRACED += [(f"Galerkin, {integ.name}", integ, vj.systems.CartesianPendulum(),
+              jnp.array([np.sin(TH), -np.cos(TH)]), 0.5 * jnp.array([np.cos(TH), np.sin(TH)]))
+             for integ in (vj.GalerkinVI.gauss(2), vj.GalerkinVI.lobatto(3))]
+
+
+def _reversed_root(integ, back):
+    """The carried unknowns of the step that retraces the step back which reached ``back``."""
+    if isinstance(integ, vj.GalerkinVI):
+        # control points (q^v - q^0) / h of the polynomial in reverse
+        return {"controls": back.controls[-1][None, :] - back.controls[::-1]}
+    second = "forces" if isinstance(integ, vj.VPRK) else "lams"
+    return {"stages": back.stages[::-1], second: getattr(back, second)[::-1]}
 
 
 @pytest.mark.parametrize("name, integ, system, q0, v0", RETRACED,
@@ -132,9 +150,9 @@ def test_retraced_step_starts_at_its_root(name, integ, system, q0, v0):
         retraced.append(int(stats.iterations))
         plain.append(int(other_stats.iterations))
         # the root is the step back's stage values reversed
-        for x in ("stages", "forces" if isinstance(integ, vj.VPRK) else "lams"):
+        for x, expected in _reversed_root(integ, state).items():
             scale = float(jnp.max(jnp.abs(getattr(again, x))))
-            np.testing.assert_allclose(getattr(again, x), getattr(state, x)[::-1], rtol=0,
+            np.testing.assert_allclose(getattr(again, x), expected, rtol=0,
                                        atol=1e-12 * scale, err_msg=f"{name}: {x}")
         # and the step returns where the step back started, as the plain step does
         for x in ("q", "p"):
@@ -144,7 +162,9 @@ def test_retraced_step_starts_at_its_root(name, integ, system, q0, v0):
                                            atol=1e-14 * scale, err_msg=f"{name}: {x}")
     # (a second update where the step back's root sat near its tolerance; measured: 1-2
     # updates against 2-4 for Gauss(2), 7 for the general Lagrangian's Gauss(3), 6 for the
-    # nonholonomic Lobatto(3), 3 in its Hamiltonian form)
+    # nonholonomic Lobatto(3), 3 in its Hamiltonian form; the holonomic mode's node velocity
+    # is not carried and starts O(h^2) off: 2 updates against 5-6; the Galerkin VI's start
+    # node multiplier likewise: 2 against 5-9)
     assert max(retraced) <= 2 and np.mean(plain) >= np.mean(retraced) + 1, (
         name, retraced, plain)
 

@@ -21,6 +21,7 @@ works for any regular Lagrangian.
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,7 +32,7 @@ from .._linalg import mm
 from .._typing import ScalarLike, Vector
 from ..solvers import AbstractRootSolver, SolverStats
 from ..systems import ForcedSystem, HolonomicSystem, LagrangianSystem, TimeDependentSystem
-from ._base import AbstractIntegrator
+from ._base import AbstractIntegrator, replace_static
 from ._prk_core import (PRKState, initial_state, next_state, predict, stage_equations,
                         vector_space)
 from .vprk import VPRK, AbstractPRK
@@ -76,6 +77,7 @@ class HolonomicVPRK(AbstractPRK):
 
     tableau: tb.PartitionedTableau
     solver: AbstractRootSolver
+    retrace: bool = eqx.field(static=True)
 
     symplectic = True
     supported = frozenset({HolonomicSystem, ForcedSystem, TimeDependentSystem})
@@ -86,6 +88,7 @@ class HolonomicVPRK(AbstractPRK):
         _check_hypotheses(pair)
         self.tableau = pair
         self.solver = cons.default_solver() if solver is None else solver
+        self.retrace = False
 
     @classmethod
     def lobatto(cls, s: int, **kwargs) -> "HolonomicVPRK":
@@ -149,12 +152,16 @@ class HolonomicVPRK(AbstractPRK):
 
         return precond
 
+    def retracing(self) -> "HolonomicVPRK":
+        return replace_static(self, retrace=True,
+                              solver=replace_static(self.solver, min_steps=1))
+
     def step(self, system: LagrangianSystem, state: HolonomicState, h: ScalarLike, u=None
              ) -> tuple[HolonomicState, SolverStats]:
         force = self._force(system, state, h, u)
         # Predictor: the previous step's stage velocities and multipliers extrapolated, v_{k+1}
         # from the node velocity (exact to O(h^2) for RATTLE: _prk_core.predict).
-        X0 = predict(self.tableau, state, h, "holonomic")
+        X0 = predict(self.tableau, state, h, "holonomic", retrace=self.retrace)
         # The constraint rows g(Q)/h carry round-off eps |q| / h, which the impulses inherit:
         # at small h the increments stagnate above the solver's default round-off level.
         stall = cons.row_round_off(state.q, h, self.stages)

@@ -58,7 +58,7 @@ from ...quadrature import (
 )
 from ...solvers import AbstractRootSolver, SolverStats
 from ...systems import ForcedSystem, HolonomicSystem, LagrangianSystem, TimeDependentSystem
-from .._base import AbstractDenseIntegrator, AbstractIntegrator, AbstractState
+from .._base import AbstractDenseIntegrator, AbstractIntegrator, AbstractState, replace_static
 from .._forcing import end_force
 from ..vprk import at_nodes
 
@@ -159,6 +159,7 @@ class GalerkinVI(AbstractDenseIntegrator):
     mode: str = eqx.field(static=True)
     control_points: str = eqx.field(static=True)
     solver: AbstractRootSolver
+    retrace: bool = eqx.field(static=True)
 
     symplectic = True
     supported = frozenset({HolonomicSystem, ForcedSystem, TimeDependentSystem})
@@ -228,6 +229,7 @@ class GalerkinVI(AbstractDenseIntegrator):
         self.constraint_quadrature, self.mode = constraint_quadrature, mode
         self.control_points = control_points
         self.solver = cons.default_solver() if solver is None else solver
+        self.retrace = False
 
     # -- presets ----------------------------------------------------------------------------
     @classmethod
@@ -470,15 +472,26 @@ class GalerkinVI(AbstractDenseIntegrator):
             controls=d[:, None] * v0[None, :], mults=jnp.broadcast_to(lam0, (self._n_mults(),) + lam0.shape),
         )
 
+    def retracing(self) -> "GalerkinVI":
+        return replace_static(self, retrace=True,
+                              solver=replace_static(self.solver, min_steps=1))
+
     def step(self, system: LagrangianSystem, state: GalerkinState, h: ScalarLike, u=None
              ) -> tuple[GalerkinState, SolverStats]:
         dtype = state.q.dtype
         k = self._consts(dtype)
         force = self._force(system, state, h, u)
-        # Predictor: the previous step's polynomial extrapolated.
         Zprev = state.controls
-        Z0 = mm(k["extrap"], Zprev) - Zprev[-1][None, :]
-        X0 = (Z0[1:], h * state.mults)
+        if self.retrace:
+            # state reached by the step with -h, whose control points are this step's in
+            # reverse order: Z^v = (q^v - q^0) / h = Zb^s - Zb^(s - v) from its own Zb (the
+            # multipliers as the predictor has them: the one at the step's start node is
+            # not carried)
+            X0 = ((Zprev[-1][None, :] - Zprev[::-1])[1:], h * state.mults)
+        else:
+            # Predictor: the previous step's polynomial extrapolated.
+            Z0 = mm(k["extrap"], Zprev) - Zprev[-1][None, :]
+            X0 = (Z0[1:], h * state.mults)
         G0 = (cons.constraint_jacobian(system, state.q)
               if self._shares_node_multiplier(system) else None)
         # pi_{k+1} from the last residual evaluation: no evaluation after the solve.
