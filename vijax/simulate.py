@@ -606,7 +606,7 @@ def _reversible_bwd(final, grad_obj, perturbed, diff, integrator, n_saves, save_
     # Each step is taken back with -dt (the integrator's own predictor, extrapolating the
     # steps taken back before it), then re-taken with dt to be linearised: retracing, whose
     # solve starts at the root the step back found (the Kepler problem's VPRK.gauss(2): 3.0
-    # updates -> 1, the double pendulum's 5.7 -> 1).
+    # updates -> none, the root taken as found; the double pendulum's 5.7 -> none).
     retraced = integrator.retracing()
 
     def forward(dyn, dt, u, state):
@@ -615,13 +615,17 @@ def _reversible_bwd(final, grad_obj, perturbed, diff, integrator, n_saves, save_
     def back(carry, k):
         state, ct, g_dyn, g_dt, g_U = carry
         u = None if U is None else U[k]
-        prev = _advance(integrator, system, state, -dt, _reverse_nodes(u))[0]
+        prev, st = _advance(integrator, system, state, -dt, _reverse_nodes(u))
+        # a step back that did not converge makes the gradient NaN (the retraced step takes
+        # its root as found)
+        nan_if_failed = lambda t: jax.tree_util.tree_map(  # noqa: E731
+            lambda x: x * jnp.where(st.converged, 1.0, jnp.nan).astype(x.dtype), t)
         if u is None:
             _, vjp = jax.vjp(lambda d, h, x: forward(d, h, None, x), dyn, dt, prev)
-            d_dyn, d_dt, ct = vjp(ct)
+            d_dyn, d_dt, ct = nan_if_failed(vjp(ct))
         else:
             _, vjp = jax.vjp(forward, dyn, dt, u, prev)
-            d_dyn, d_dt, d_u, ct = vjp(ct)
+            d_dyn, d_dt, d_u, ct = nan_if_failed(vjp(ct))
             g_U = g_U.at[k].add(d_u)
         add = lambda a, b: jax.tree_util.tree_map(jnp.add, a, b)  # noqa: E731
         return (prev, ct, add(g_dyn, d_dyn), g_dt + d_dt, g_U), None

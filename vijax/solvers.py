@@ -46,6 +46,7 @@ __all__ = [
     "UnrolledAdjoint",
     "Newton",
     "SimplifiedNewton",
+    "StartAsRoot",
     "AbstractFixedPoint",
     "FixedPoint",
     "ConvergenceError",
@@ -650,6 +651,29 @@ def _trace_once(fn: Callable, x0: Array) -> tuple[Callable, PyTree]:
         return jax_core.jaxpr_as_fun(jax_core.ClosedJaxpr(jaxpr, consts))(y)
 
     return (lambda y: jax.tree_util.tree_unflatten(out_tree, run(y, consts))), out_shape
+
+
+class StartAsRoot(AbstractRootSolver):
+    """No update: the start is taken as the root, with the derivatives of the implicit
+    function theorem there (:class:`ImplicitAdjoint`), and reported converged.  For a start
+    that another solve found, to its own tolerance and with its own convergence test -- the
+    step a symmetric method retraces (its stage values reversed,
+    :meth:`vijax.integrators.AbstractIntegrator.retracing`), whose linearisation the
+    reversible adjoint needs -- so the caller answers for it: ``simulate``'s reversible
+    adjoint makes its gradient NaN where the step back did not converge.  One residual
+    evaluation (for ``aux`` and the residual statistic).  Measured against one confirming
+    update in the reversible adjoint's backward pass: Kepler (``VPRK.gauss(2)``, 1e5
+    steps) gradient 0.9x, double pendulum 0.9x (see ``docs/solvers.md``)."""
+
+    def _make_update(self, f, x0, precond):
+        raise NotImplementedError("StartAsRoot does not iterate")
+
+    def _iterate(self, f, x0, precond, bounded: bool, has_aux: bool = False,
+                 stall_level=None, compact: bool = False):
+        r, aux = f(x0)
+        return x0, aux, SolverStats(iterations=jnp.asarray(0, jnp.int32),
+                                    residual=jnp.max(jnp.abs(r), initial=0.0),
+                                    converged=jnp.asarray(True))
 
 
 class Newton(AbstractRootSolver):

@@ -234,17 +234,6 @@ def replace_static(module: eqx.Module, **fields) -> eqx.Module:
     return new
 
 
-def confirming(solver):
-    """``solver`` set up to confirm a start that is already a root (a retraced step's,
-    :meth:`AbstractIntegrator.retracing`): one straight-line update, and its increment
-    tested against the tolerance itself (``kappa = 1``: the margin a smaller ``kappa`` keeps
-    for the slow modes of a transient has no transient to cover here).  Measured with the
-    backward pass's steps: one update per step where the plain solve took 2-7
-    (``NonholonomicVPRK.lobatto(3)`` with its ``kappa = 0.01``: 3-4 updates at the noise
-    floor)."""
-    return replace_static(solver, min_steps=1, kappa=1.0)
-
-
 def _concrete_subclasses(cls: type) -> list[type]:
     out = []
     for sub in cls.__subclasses__():

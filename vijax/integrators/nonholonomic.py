@@ -39,9 +39,9 @@ from .. import constraints as cons
 from .. import tableaus as tb
 from .._checks import is_traced
 from .._typing import ScalarLike, Vector
-from ..solvers import AbstractRootSolver, SolverStats
+from ..solvers import AbstractRootSolver, SolverStats, StartAsRoot
 from ..systems import ForcedSystem, LagrangianSystem, NonholonomicSystem, TimeDependentSystem
-from ._base import AbstractIntegrator, confirming, replace_static
+from ._base import AbstractIntegrator, replace_static
 from ._prk_core import (PRKState, at_nodes, initial_state, next_state,
                         nonholonomic_solver, predict, stage_equations, vector_space)
 from .vprk import VPRK, AbstractPRK
@@ -220,7 +220,7 @@ class NonholonomicVPRK(AbstractPRK):
         solver, precond = nonholonomic_solver(self.solver, self.tableau, self.form,
                                               *vector_space(state.q), system, state, h, X0[0])
         if self.retrace:
-            solver, start = confirming(solver), X0
+            solver, start = StartAsRoot(), X0
         else:
             start = state.misses.correct(X0)
         X, out, stats = solver.solve(

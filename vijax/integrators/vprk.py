@@ -40,9 +40,9 @@ from ..quadrature import (
     lagrange_extrapolation_matrix,
     lobatto_quadrature,
 )
-from ..solvers import AbstractRootSolver, FixedPoint, SolverStats
+from ..solvers import AbstractRootSolver, FixedPoint, SolverStats, StartAsRoot
 from ..systems import ForcedSystem, LagrangianSystem, MechanicalSystem, TimeDependentSystem
-from ._base import (AbstractDenseIntegrator, AbstractIntegrator, AbstractState, confirming,
+from ._base import (AbstractDenseIntegrator, AbstractIntegrator, AbstractState,
                     replace_static)
 from ._prk_core import (Misses, at_nodes, extrapolate, extrapolation, free_precond,
                         momentum_coupling, stage_equations, vector_space)
@@ -342,7 +342,7 @@ class VPRK(TableauPresets, AbstractPRK):
         return self._extrapolate(state.forces, extrap, node)
 
     def retracing(self) -> "VPRK":
-        return replace_static(self, retrace=True, solver=confirming(self.solver))
+        return replace_static(self, retrace=True, solver=StartAsRoot())
 
     def _start(self, state: VPRKState, X0, carried):
         """The stage solve's start: the predictor ``X0`` corrected by its last misses, or,
