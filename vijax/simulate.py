@@ -553,16 +553,15 @@ def _saves_impl(integrator, system, state0, dt, U, n_saves: int, save_every: int
         return state, (state, agg, recs)
 
     # a saved record is a state and its block's statistics (dense output: one save per chunk;
-    # checkpointed: about sqrt(n_saves) saves per chunk, each chunk a checkpoint)
+    # checkpointed: about sqrt(n_saves) saves per chunk, each chunk a checkpoint when there
+    # are several)
     per_chunk = (1 if dense else _divisor_near_sqrt(n_saves) if checkpointed else
                  _chunk(n_saves, _nbytes((state0, zero))))
-    if checkpointed:
-        save = _checkpoint(save)
 
     def chunk(state, i):
         return jax.lax.scan(save, state, i * per_chunk + jnp.arange(per_chunk))
 
-    if checkpointed:
+    if checkpointed and n_saves > per_chunk:
         chunk = _checkpoint(chunk)
 
     _, recs = jax.lax.scan(chunk, state0, jnp.arange(n_saves // per_chunk))
