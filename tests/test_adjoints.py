@@ -171,25 +171,36 @@ def test_retraced_step_starts_at_its_root(name, integ, system, q0, v0):
         name, retraced, plain)
 
 
-def test_reversible_gradient_is_nan_where_a_step_back_fails():
-    """A step back that does not converge makes the reversible adjoint's gradient NaN, never
-    a number: the steps back, started from the other direction's stage values, take 6
-    updates on the double pendulum at h = 0.01 where the forward steps take at most 4."""
+class _FailingBackwards(vj.VPRK):
+    """VPRK whose steps with a negative step size report a failed solve."""
+
+    def step(self, system, state, h, u=None):
+        new, stats = super().step(system, state, h, u)
+        return new, eqx.tree_at(lambda s: s.converged, stats, stats.converged & (h > 0))
+
+
+def test_reversible_gradient_is_nan_where_a_solve_fails():
+    """A solve that does not converge makes the reversible adjoint's gradient NaN, never a
+    number: a step back (before, the re-taken step converged from wherever the failed step
+    back had left it and the gradient was a number) and a forward step (``throw=False``)."""
     system = vj.systems.DoublePendulum()
 
-    def grad(integ, adjoint):
+    def grad(integ, adjoint, throw=True):
         def loss(x):
             sol = vj.simulate(system, integ, q0=x * jnp.array([1.0, 1.5]), v0=jnp.zeros(2),
-                              dt=0.01, n_steps=20, adjoint=adjoint)
+                              dt=0.01, n_steps=20, save_every=5, adjoint=adjoint, throw=throw)
             return jnp.sum(sol.q[-1] ** 2)
 
         return float(jax.jit(jax.grad(loss))(1.0))
 
-    capped = vj.VPRK.gauss(2, solver=vj.solvers.FixedPoint(max_steps=5))
-    ref = grad(capped, "store_all")        # every forward step converged
-    assert np.isfinite(ref)
-    assert np.isnan(grad(capped, "reversible"))
+    ref = grad(vj.VPRK.gauss(2), "store_all")
     np.testing.assert_allclose(grad(vj.VPRK.gauss(2), "reversible"), ref, rtol=1e-12)
+    failing = _FailingBackwards(vj.VPRK.gauss(2).tableau)
+    np.testing.assert_allclose(grad(failing, "store_all"), ref, rtol=1e-12)
+    assert np.isnan(grad(failing, "reversible"))
+    capped = vj.VPRK.gauss(2, solver=vj.solvers.FixedPoint(max_steps=2))   # fails forwards
+    assert np.isnan(grad(capped, "store_all", throw=False))
+    assert np.isnan(grad(capped, "reversible", throw=False))
 
 
 def _temp_bytes(n, adjoint):

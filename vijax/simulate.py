@@ -575,9 +575,9 @@ def _reverse_nodes(u):
 
 @eqx.filter_custom_vjp
 def _reversible_saves(diff, integrator, n_saves: int, save_every: int):
-    """:func:`_saves` whose reverse mode keeps only the final state: the backward pass
-    rebuilds each state by stepping back with ``-dt`` (a symmetric method's inverse) and
-    differentiates that step there."""
+    """:func:`_saves` whose reverse mode keeps only the saved states: the backward pass
+    rebuilds each state between two saves by stepping back with ``-dt`` (a symmetric
+    method's inverse) from the later one and differentiates that step there."""
     system, state0, dt, U = diff
     # the plain loop: this function's own derivative is the custom VJP below
     states, stats, _ = _saves_impl(integrator, system, state0, dt, U, n_saves, save_every,
@@ -588,33 +588,38 @@ def _reversible_saves(diff, integrator, n_saves: int, save_every: int):
 @_reversible_saves.def_fwd
 def _reversible_fwd(perturbed, diff, integrator, n_saves, save_every):
     out = _reversible_saves.fn(diff, integrator, n_saves, save_every)
-    return out, jax.tree_util.tree_map(lambda x: x[-1], out[0])
+    # the saved states (outputs anyway) and their blocks' convergence
+    return out, (out[0], out[1].converged)
 
 
 @_reversible_saves.def_bwd
-def _reversible_bwd(final, grad_obj, perturbed, diff, integrator, n_saves, save_every):
+def _reversible_bwd(res, grad_obj, perturbed, diff, integrator, n_saves, save_every):
     system, _, dt, U = diff
+    saved, converged = res
     states_ct = grad_obj[0]
     # cotangents of the saved states (zero where a field was not differentiated)
-    like = jax.tree_util.tree_leaves(final)
+    like = jax.tree_util.tree_leaves(saved)
     given = jax.tree_util.tree_leaves(states_ct, is_leaf=lambda x: x is None)
-    cts = [jnp.zeros((n_saves,) + x.shape, x.dtype) if c is None else c
-           for x, c in zip(like, given)]
-    states_ct = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(final), cts)
+    cts = [jnp.zeros(x.shape, x.dtype) if c is None else c for x, c in zip(like, given)]
+    states_ct = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(saved), cts)
     dyn, static = eqx.partition(system, eqx.is_inexact_array)
-    # Each step is taken back with -dt (the integrator's own predictor, extrapolating the
-    # steps taken back before it), then re-taken with dt to be linearised: retracing, whose
-    # solve starts at the root the step back found (the Kepler problem's VPRK.gauss(2): 3.0
-    # updates -> none, the root taken as found; the double pendulum's 5.7 -> none).
+    # Each block of steps between two saves is rebuilt backwards from the later save's state,
+    # as the forward run saved it: exact there, whatever round-off the blocks after it
+    # gathered.  Its last step is retraced back (that state carries the step's stage values,
+    # whose reverse is the root of the step back), the others are taken back with -dt (the
+    # integrator's own predictor, extrapolating the steps taken back before them); each step
+    # is then retraced forwards to be linearised, its solve started at the root the step back
+    # found (the Kepler problem's VPRK.gauss(2): 3.0 updates -> none, the root taken as
+    # found; the double pendulum's 5.7 -> none).
     retraced = integrator.retracing()
 
     def forward(dyn, dt, u, state):
         return _advance(retraced, eqx.combine(dyn, static), state, dt, u)[0]
 
-    def back(carry, k):
+    def back(step_back, carry, k):
         state, ct, g_dyn, g_dt, g_U = carry
         u = None if U is None else U[k]
-        prev, st = _advance(integrator, system, state, -dt, _reverse_nodes(u))
+        prev, st = _advance(step_back, system, state, -dt, _reverse_nodes(u))
         # a step back that did not converge makes the gradient NaN (the retraced step takes
         # its root as found)
         nan_if_failed = lambda t: jax.tree_util.tree_map(  # noqa: E731
@@ -630,13 +635,19 @@ def _reversible_bwd(final, grad_obj, perturbed, diff, integrator, n_saves, save_
         return (prev, ct, add(g_dyn, d_dyn), g_dt + d_dt, g_U), None
 
     def block(carry, j):
-        state, ct, *grads = carry
+        _, ct, *grads = carry
+        state = jax.tree_util.tree_map(lambda x: x[j], saved)
         ct = jax.tree_util.tree_map(lambda a, b: a + b[j], ct, states_ct)
         ks = j * save_every + jnp.arange(save_every - 1, -1, -1)
-        carry, _ = jax.lax.scan(back, (state, ct, *grads), ks)
-        return carry, None
+        carry, _ = back(retraced, (state, ct, *grads), ks[0])
+        if save_every > 1:
+            carry, _ = jax.lax.scan(functools.partial(back, integrator), carry, ks[1:])
+        # a block whose forward steps did not all converge: a NaN gradient, never a number
+        fail = jnp.where(converged[j], 1.0, jnp.nan)
+        return jax.tree_util.tree_map(lambda x: x * fail.astype(x.dtype), carry), None
 
     zeros = lambda t: jax.tree_util.tree_map(jnp.zeros_like, t)  # noqa: E731
+    final = jax.tree_util.tree_map(lambda x: x[-1], saved)
     start = (final, zeros(final), zeros(dyn), jnp.zeros_like(dt),
              None if U is None else jnp.zeros_like(U))
     (_, ct0, g_dyn, g_dt, g_U), _ = jax.lax.scan(block, start, jnp.arange(n_saves - 1, -1, -1))
@@ -765,8 +776,9 @@ def simulate(
     saves, and of the steps between saves), recomputing each segment's steps during the
     backward pass: memory grows like the square root of the step count (plus the saved
     states themselves) for about one more forward pass; ``"reversible"`` (symmetric methods,
-    reverse mode only) the final state, rebuilding the others by stepping back.  All give
-    the same derivatives (to round-off).
+    reverse mode only) the saved states, rebuilding the others by stepping back from the
+    next save (round-off grows over ``save_every`` steps at most).  All give the same
+    derivatives (to round-off).
 
     With ``dense=True`` (collocation and Galerkin methods) the solution also carries the
     polynomials of every step, whatever ``save_every``: ``sol.evaluate(t)`` gives ``q``,

@@ -607,6 +607,11 @@ class Misses(eqx.Module):
         return tuple(corrected(x, m, self.warm)
                      for x, m in zip(X0[:k], self.values)) + tuple(X0[k:])
 
+    def restarted(self) -> "Misses":
+        """The record with no steps taken (nothing corrected until it warms up again): after
+        a retraced step, whose start was no prediction."""
+        return Misses(tuple(jnp.zeros_like(m) for m in self.values), jnp.zeros_like(self.warm))
+
     def after(self, X: tuple, X0: tuple) -> "Misses":
         """The record after a step from the uncorrected warm start ``X0`` to the root ``X``."""
         if not self.values:
@@ -684,9 +689,11 @@ def next_state(state: PRKState, mode: str, X, out: StepOutput, h, v_free=None, X
                ) -> PRKState:
     """The state after a converged step: the multipliers from the impulses, the node values
     from the last residual evaluation; where the state carries the predictor's misses, this
-    step's against the uncorrected warm start ``X0``."""
+    step's against the uncorrected warm start ``X0`` (``"restart"``: a retraced step's,
+    whose start was no prediction, :meth:`Misses.restarted`)."""
     H, mus = X[0], X[1]
-    misses = state.misses if X0 is None else state.misses.after(X, X0)
+    misses = (state.misses if X0 is None else state.misses.restarted() if X0 == "restart"
+              else state.misses.after(X, X0))
     if mode == "nonholonomic":
         lams = jnp.concatenate([state.lam[None, :], mus / h])
     elif mode == "holonomic":

@@ -226,7 +226,8 @@ class NonholonomicVPRK(AbstractPRK):
         X, out, stats = solver.solve(
             lambda X: self.stage_equations(system, state, h, X, force), start, precond,
             has_aux=True)
-        return next_state(state, "nonholonomic", X, out, h, X0=X0), stats
+        return next_state(state, "nonholonomic", X, out, h,
+                          X0="restart" if self.retrace else X0), stats
 
     def stage_values(self, system: LagrangianSystem, prev: NonholonomicState,
                      new: NonholonomicState, h: ScalarLike, u=None):

@@ -421,7 +421,8 @@ class VPRK(TableauPresets, AbstractPRK):
                                             precond, has_aux=True)
             X = V
         new = VPRKState(t=state.t + h, q=q + h * mm(b, V), p=p + h * mm(b, W), stages=V,
-                        forces=W, misses=state.misses.after((X,), (X0,)))
+                        forces=W, misses=(state.misses.restarted() if self.retrace else
+                                          state.misses.after((X,), (X0,))))
         return new, stats
 
     def velocity(self, system: LagrangianSystem, state: VPRKState) -> Vector:
