@@ -40,6 +40,12 @@ run): the reversible adjoint rebuilds each state by such backward steps, so it i
 round-off as long as ``eps * amplification`` is small.  Also, from part a, the relative
 difference of the reversible (and checkpointed) gradient from the ``store_all`` one.
 
+Part c -- the reversible adjoint anchored at the saves.  It rebuilds each block between two
+saves from the saved state, so round-off grows over ``save_every`` steps at most: on the
+chaotic double pendulum, 2e4 steps (T = 200), the gradient of ``sum(q_N^2)`` with
+``adjoint="reversible"`` against ``"store_all"`` (relative difference) and both gradients'
+time per step, for ``save_every`` = N, 1000, 200, 1.
+
 float64, CPU, default XLA flags.  Problems: Kepler e = 0.5 from pericentre (regular) and the
 double pendulum (``vj.systems.DoublePendulum``) released at rest from theta = (1.0, 1.5) rad
 (chaotic; the state used by ``run.py`` and ``ensemble.py``); part b also from (2.0, 2.0) rad.
@@ -393,6 +399,34 @@ def part_b(cfg):
     return out
 
 
+def part_c(cfg):
+    """The reversible adjoint rebuilds each block between two saves from the saved state:
+    its gradient's difference from store_all's, and both gradients' time per step, against
+    ``save_every`` on the chaotic double pendulum."""
+    _, system, q0, v0 = problems()["double_pendulum"]
+    n = cfg["n_c"]
+    rows = []
+    for every in cfg["save_every_c"]:
+        def loss(x, adjoint):
+            sol = vj.simulate(system, vj.VPRK.gauss(2), q0=q0 * x, v0=v0, dt=DT, n_steps=n,
+                              save_every=every, adjoint=adjoint)
+            return jnp.sum(sol.q[-1] ** 2)
+
+        row = dict(save_every=every, n=n)
+        for adjoint in ("store_all", "reversible"):
+            exe = compiled(jax.grad(lambda x: loss(x, adjoint)), jnp.asarray(1.0),
+                           P.vijax_options())[0]
+            g = call(exe, jnp.asarray(1.0))[0]
+            times = [call(exe, jnp.asarray(1.0))[1] for _ in range(cfg["repeats"])]
+            row[adjoint] = dict(grad=float(g), us_per_step=1e6 * min(times) / n)
+        row["rel_diff"] = abs(row["reversible"]["grad"] / row["store_all"]["grad"] - 1.0)
+        log(f"[c] save_every = {every:6d}: reversible vs store_all {row['rel_diff']:.2e}, "
+            f"{row['reversible']['us_per_step']:.2f} vs {row['store_all']['us_per_step']:.2f} "
+            f"us/step")
+        rows.append(row)
+    return dict(label="double pendulum theta0 = (1.0, 1.5), VPRK.gauss(2)", dt=DT, rows=rows)
+
+
 # --------------------------------------------------------------------------------------------
 # Tables and plots
 # --------------------------------------------------------------------------------------------
@@ -449,6 +483,14 @@ def summary(res) -> list[str]:
             lines.append(f"    first N with error above 1e-12 / 1e-8 / 1e-4: "
                          + " / ".join(str(pb["first_n_above"][k]) for k in
                                       ("1e-12", "1e-08", "0.0001")))
+    if "c" in res:
+        pc = res["c"]
+        lines.append(f"\nReversible adjoint anchored at the saves ({pc['label']}, dt = "
+                     f"{pc['dt']}, N = {pc['rows'][0]['n']}, loss of the final state):")
+        for r in pc["rows"]:
+            lines.append(f"    save_every = {r['save_every']:6d}: gradient vs store_all "
+                         f"{r['rel_diff']:.2e} relative; {r['reversible']['us_per_step']:.2f} "
+                         f"us/step (store_all {r['store_all']['us_per_step']:.2f})")
     return lines
 
 
@@ -533,7 +575,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="N = 1e3, 1e4 only: smoke test")
     ap.add_argument("--max-n", type=float, default=1e6, help="largest N (default 1e6)")
-    ap.add_argument("--parts", default="a,b", help="subset of a (cost, memory), b (reversibility)")
+    ap.add_argument("--parts", default="a,b,c", help="subset of a (cost, memory), b "
+                    "(reversibility), c (the reversible adjoint against save_every)")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per configuration")
     ap.add_argument("--repeats-large", type=int, default=2,
                     help="timed calls per configuration at N >= 1e6")
@@ -557,6 +600,7 @@ def main(argv=None):
     ns_b = [n for n in ns_b if n <= max_n]
     cfg = dict(problems=PART_A_PROBLEMS, problems_b=PART_B_PROBLEMS, ns=ns, ns_b=ns_b,
                checkpoints=DFX_CHECKPOINTS, repeats=2 if args.quick else args.repeats,
+               n_c=min(20_000, max_n), save_every_c=[min(20_000, max_n), 1000, 200, 1],
                repeats_large=args.repeats_large, large_n=1_000_000, no_warm_from=100_000, dt=DT,
                vijax="VPRK.gauss(2), FixedPoint (default), save_every = N",
                diffrax="Tsit5, ConstantStepSize, SaveAt(t1=True), max_steps = N, "
@@ -590,6 +634,8 @@ def main(argv=None):
         res["a"] = part_a(cfg, save_partial)
     if "b" in parts:
         res["b"] = part_b(cfg)
+    if "c" in parts:
+        res["c"] = part_c(cfg)
     seconds = time.perf_counter() - t_start
     lines = summary(res)
     lines.append(f"\ntotal wall time {seconds:.1f} s; command: "
