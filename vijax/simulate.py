@@ -377,9 +377,18 @@ def _chunk(n_saves: int, record_bytes: int) -> int:
     return next(c for c in range(most, 0, -1) if n_saves % c == 0)
 
 
+#: Saves (each at least sqrt(N) steps long) that the checkpointed layout keeps as one chunk.
+_FEW_SAVES = 16
+
+
 def _divisor_near_sqrt(n: int) -> int:
     """The divisor of ``n`` nearest to ``sqrt(n)`` (from below)."""
-    return next(d for d in range(max(1, math.isqrt(n)), 0, -1) if n % d == 0)
+    return _divisor_below(n, math.isqrt(n))
+
+
+def _divisor_below(n: int, m: int) -> int:
+    """The largest divisor of ``n`` at most ``m`` (at least 1)."""
+    return next(d for d in range(max(1, min(m, n)), 0, -1) if n % d == 0)
 
 
 def _loops(body, carry, length: int, per_loop: int):
@@ -548,15 +557,25 @@ def _saves_impl(integrator, system, state0, dt, U, n_saves: int, save_every: int
             return (k + 1, state, agg), rec
 
         first = (j * save_every).astype(jnp.int32)
-        (_, state, agg), recs = _scan(body, (first, state, zero), save_every, checkpointed,
+        (_, state, agg), recs = _scan(body, (first, state, zero), save_every, segmented,
                                       step_bytes)
         return state, (state, agg, recs)
 
-    # a saved record is a state and its block's statistics (dense output: one save per chunk;
-    # checkpointed: about sqrt(n_saves) saves per chunk, each chunk a checkpoint when there
-    # are several)
-    per_chunk = (1 if dense else _divisor_near_sqrt(n_saves) if checkpointed else
-                 _chunk(n_saves, _nbytes((state0, zero))))
+    # A saved record is a state and its block's statistics (dense output: one save per
+    # chunk).  Checkpointed, every level of jax.checkpoint costs one more forward run in the
+    # backward pass, so there is one level where it suffices for memory like sqrt(N), N the
+    # steps: saves at most sqrt(N) steps apart are grouped into chunks of about sqrt(N)
+    # steps, each chunk a checkpoint (when there are several); saves further apart run their
+    # steps in checkpointed segments of about sqrt(save_every) steps, and up to
+    # _FEW_SAVES of them are one chunk (memory within sqrt(_FEW_SAVES) of sqrt(N)), more are
+    # chunks of about sqrt(n_saves) saves, each a checkpoint (two levels).
+    segmented = checkpointed and save_every > math.isqrt(n_saves * save_every)
+    if dense or not checkpointed:
+        per_chunk = 1 if dense else _chunk(n_saves, _nbytes((state0, zero)))
+    elif segmented:
+        per_chunk = n_saves if n_saves <= _FEW_SAVES else _divisor_near_sqrt(n_saves)
+    else:
+        per_chunk = _divisor_below(n_saves, math.isqrt(n_saves * save_every) // save_every)
 
     def chunk(state, i):
         return jax.lax.scan(save, state, i * per_chunk + jnp.arange(per_chunk))
@@ -772,10 +791,10 @@ def simulate(
     ``"store_all"`` (default) every step (on CPU its input state and its stage solve's
     root, the step being re-run from them without a second solve and differentiated in
     the backward pass; on other backends its linearisation);
-    ``"checkpointed"`` only states at two nested levels of segments (about ``sqrt`` of the
-    saves, and of the steps between saves), recomputing each segment's steps during the
-    backward pass: memory grows like the square root of the step count (plus the saved
-    states themselves) for about one more forward pass; ``"reversible"`` (symmetric methods,
+    ``"checkpointed"`` only states at the boundaries of segments of about ``sqrt`` of the
+    step count, recomputing each segment's steps during the backward pass: memory grows like
+    the square root of the step count (plus the saved states themselves) for about one more
+    forward pass (two with more than 16 saves over ``sqrt`` of the step count apart); ``"reversible"`` (symmetric methods,
     reverse mode only) the saved states, rebuilding the others by stepping back from the
     next save (round-off grows over ``save_every`` steps at most).  All give the same
     derivatives (to round-off).
