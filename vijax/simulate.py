@@ -794,10 +794,10 @@ def simulate(
     ``"checkpointed"`` only states at the boundaries of segments of about ``sqrt`` of the
     step count, recomputing each segment's steps during the backward pass: memory grows like
     the square root of the step count (plus the saved states themselves) for about one more
-    forward pass (two with more than 16 saves over ``sqrt`` of the step count apart); ``"reversible"`` (symmetric methods,
-    reverse mode only) the saved states, rebuilding the others by stepping back from the
-    next save (round-off grows over ``save_every`` steps at most).  All give the same
-    derivatives (to round-off).
+    forward pass (two with more than 16 saves over ``sqrt`` of the step count apart);
+    ``"reversible"`` (symmetric methods, reverse mode only) the saved states, rebuilding the
+    others by stepping back from the next save (round-off grows over ``save_every`` steps at
+    most).  All give the same derivatives (to round-off).
 
     With ``dense=True`` (collocation and Galerkin methods) the solution also carries the
     polynomials of every step, whatever ``save_every``: ``sol.evaluate(t)`` gives ``q``,
