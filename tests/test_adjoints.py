@@ -171,6 +171,18 @@ def test_retraced_step_starts_at_its_root(name, integ, system, q0, v0):
         name, retraced, plain)
 
 
+def _released_pendulum_gradient(integ, angles, n, save_every, adjoint, **kwargs):
+    """``d/dx |q_n|²`` of the double pendulum released at rest from ``x * angles``, dt =
+    0.01, at x = 1 (compiled)."""
+    def loss(x):
+        sol = vj.simulate(vj.systems.DoublePendulum(), integ, q0=x * jnp.array(angles),
+                          v0=jnp.zeros(2), dt=0.01, n_steps=n, save_every=save_every,
+                          adjoint=adjoint, **kwargs)
+        return jnp.sum(sol.q[-1] ** 2)
+
+    return float(jax.jit(jax.grad(loss))(1.0))
+
+
 class _FailingBackwards(vj.VPRK):
     """VPRK whose steps with a negative step size report a failed solve."""
 
@@ -183,15 +195,8 @@ def test_reversible_gradient_is_nan_where_a_solve_fails():
     """A solve that does not converge makes the reversible adjoint's gradient NaN, never a
     number: a step back (before, the re-taken step converged from wherever the failed step
     back had left it and the gradient was a number) and a forward step (``throw=False``)."""
-    system = vj.systems.DoublePendulum()
-
     def grad(integ, adjoint, throw=True):
-        def loss(x):
-            sol = vj.simulate(system, integ, q0=x * jnp.array([1.0, 1.5]), v0=jnp.zeros(2),
-                              dt=0.01, n_steps=20, save_every=5, adjoint=adjoint, throw=throw)
-            return jnp.sum(sol.q[-1] ** 2)
-
-        return float(jax.jit(jax.grad(loss))(1.0))
+        return _released_pendulum_gradient(integ, (1.0, 1.5), 20, 5, adjoint, throw=throw)
 
     ref = grad(vj.VPRK.gauss(2), "store_all")
     np.testing.assert_allclose(grad(vj.VPRK.gauss(2), "reversible"), ref, rtol=1e-12)
@@ -209,17 +214,10 @@ def test_reversible_adjoint_is_anchored_at_the_saves():
     pendulum from (2, 2) rad, 3000 steps (T = 30, the trajectory's sensitivity about 1e16),
     the gradient with one save is off by 11 (relative; measured), with a save every 100 steps
     it is store_all's to 4e-13."""
-    system = vj.systems.DoublePendulum()
     n = 3000
 
     def grad(adjoint, every):
-        def loss(x):
-            sol = vj.simulate(system, vj.VPRK.gauss(2), q0=x * jnp.array([2.0, 2.0]),
-                              v0=jnp.zeros(2), dt=0.01, n_steps=n, save_every=every,
-                              adjoint=adjoint)
-            return jnp.sum(sol.q[-1] ** 2)
-
-        return float(jax.jit(jax.grad(loss))(1.0))
+        return _released_pendulum_gradient(vj.VPRK.gauss(2), (2.0, 2.0), n, every, adjoint)
 
     ref = grad("store_all", n)
     assert abs(grad("reversible", n) / ref - 1.0) > 1e-2   # the run is that sensitive

@@ -636,40 +636,37 @@ def _reversible_bwd(res, grad_obj, perturbed, diff, integrator, n_saves, save_ev
         return _advance(retraced, eqx.combine(dyn, static), state, dt, u)[0]
 
     def back(step_back, carry, k):
-        state, ct, g_dyn, g_dt, g_U = carry
+        state, ok, ct, g_dyn, g_dt, g_U = carry
         u = None if U is None else U[k]
         prev, st = _advance(step_back, system, state, -dt, _reverse_nodes(u))
-        # a step back that did not converge makes the gradient NaN (the retraced step takes
-        # its root as found)
-        nan_if_failed = lambda t: jax.tree_util.tree_map(  # noqa: E731
-            lambda x: x * jnp.where(st.converged, 1.0, jnp.nan).astype(x.dtype), t)
         if u is None:
             _, vjp = jax.vjp(lambda d, h, x: forward(d, h, None, x), dyn, dt, prev)
-            d_dyn, d_dt, ct = nan_if_failed(vjp(ct))
+            d_dyn, d_dt, ct = vjp(ct)
         else:
             _, vjp = jax.vjp(forward, dyn, dt, u, prev)
-            d_dyn, d_dt, d_u, ct = nan_if_failed(vjp(ct))
+            d_dyn, d_dt, d_u, ct = vjp(ct)
             g_U = g_U.at[k].add(d_u)
         add = lambda a, b: jax.tree_util.tree_map(jnp.add, a, b)  # noqa: E731
-        return (prev, ct, add(g_dyn, d_dyn), g_dt + d_dt, g_U), None
+        return (prev, ok & st.converged, ct, add(g_dyn, d_dyn), g_dt + d_dt, g_U), None
 
     def block(carry, j):
-        _, ct, *grads = carry
+        ct, *grads = carry
         state = jax.tree_util.tree_map(lambda x: x[j], saved)
         ct = jax.tree_util.tree_map(lambda a, b: a + b[j], ct, states_ct)
         ks = j * save_every + jnp.arange(save_every - 1, -1, -1)
-        carry, _ = back(retraced, (state, ct, *grads), ks[0])
+        carry, _ = back(retraced, (state, converged[j], ct, *grads), ks[0])
         if save_every > 1:
             carry, _ = jax.lax.scan(functools.partial(back, integrator), carry, ks[1:])
-        # a block whose forward steps did not all converge: a NaN gradient, never a number
-        fail = jnp.where(converged[j], 1.0, jnp.nan)
-        return jax.tree_util.tree_map(lambda x: x * fail.astype(x.dtype), carry), None
+        # a block whose steps, forwards or back, did not all converge: a NaN gradient, never
+        # a number (the retraced steps take their roots as found)
+        _, ok, *out = carry
+        fail = jnp.where(ok, 1.0, jnp.nan)
+        return jax.tree_util.tree_map(lambda x: x * fail.astype(x.dtype), tuple(out)), None
 
     zeros = lambda t: jax.tree_util.tree_map(jnp.zeros_like, t)  # noqa: E731
-    final = jax.tree_util.tree_map(lambda x: x[-1], saved)
-    start = (final, zeros(final), zeros(dyn), jnp.zeros_like(dt),
-             None if U is None else jnp.zeros_like(U))
-    (_, ct0, g_dyn, g_dt, g_U), _ = jax.lax.scan(block, start, jnp.arange(n_saves - 1, -1, -1))
+    start = (zeros(jax.tree_util.tree_map(lambda x: x[-1], saved)), zeros(dyn),
+             jnp.zeros_like(dt), None if U is None else jnp.zeros_like(U))
+    (ct0, g_dyn, g_dt, g_U), _ = jax.lax.scan(block, start, jnp.arange(n_saves - 1, -1, -1))
     return g_dyn, ct0, g_dt, g_U
 
 

@@ -225,9 +225,10 @@ class AbstractDenseIntegrator(AbstractIntegrator):
         return DenseInterpolation.build(self.dense_layout(system), states.t, values, knots)
 
 
-def replace_static(module: eqx.Module, **fields) -> eqx.Module:
-    """A copy of ``module`` with the given (static) fields replaced, its ``__init__`` not
-    run again."""
+def with_fields(module: eqx.Module, **fields) -> eqx.Module:
+    """A copy of ``module`` with the given fields replaced (static ones, like a method's
+    ``retrace`` flag, or not, like its solver), its ``__init__`` not run again: the values
+    are taken as they are."""
     new = copy.copy(module)
     for name, value in fields.items():
         object.__setattr__(new, name, value)

@@ -607,15 +607,15 @@ class Misses(eqx.Module):
         return tuple(corrected(x, m, self.warm)
                      for x, m in zip(X0[:k], self.values)) + tuple(X0[k:])
 
-    def restarted(self) -> "Misses":
-        """The record with no steps taken (nothing corrected until it warms up again): after
-        a retraced step, whose start was no prediction."""
-        return Misses(tuple(jnp.zeros_like(m) for m in self.values), jnp.zeros_like(self.warm))
-
-    def after(self, X: tuple, X0: tuple) -> "Misses":
-        """The record after a step from the uncorrected warm start ``X0`` to the root ``X``."""
+    def after(self, X: tuple, X0: Optional[tuple]) -> "Misses":
+        """The record after a step from the uncorrected warm start ``X0`` to the root ``X``;
+        ``X0=None`` (a step whose start was no prediction: a retraced step) restarts it, with
+        nothing corrected until it warms up again."""
         if not self.values:
             return self
+        if X0 is None:
+            return Misses(tuple(jnp.zeros_like(m) for m in self.values),
+                          jnp.zeros_like(self.warm))
         return Misses(tuple(missed(m, x, x0) for m, x, x0 in zip(self.values, X, X0)),
                       jnp.minimum(self.warm + 1.0, 3.0))
 
@@ -689,11 +689,9 @@ def next_state(state: PRKState, mode: str, X, out: StepOutput, h, v_free=None, X
                ) -> PRKState:
     """The state after a converged step: the multipliers from the impulses, the node values
     from the last residual evaluation; where the state carries the predictor's misses, this
-    step's against the uncorrected warm start ``X0`` (``"restart"``: a retraced step's,
-    whose start was no prediction, :meth:`Misses.restarted`)."""
+    step's against the uncorrected warm start ``X0`` (:meth:`Misses.after`)."""
     H, mus = X[0], X[1]
-    misses = (state.misses if X0 is None else state.misses.restarted() if X0 == "restart"
-              else state.misses.after(X, X0))
+    misses = state.misses.after(X, X0)
     if mode == "nonholonomic":
         lams = jnp.concatenate([state.lam[None, :], mus / h])
     elif mode == "holonomic":

@@ -32,7 +32,7 @@ from .._linalg import mm
 from .._typing import ScalarLike, Vector
 from ..solvers import AbstractRootSolver, SolverStats
 from ..systems import ForcedSystem, HolonomicSystem, LagrangianSystem, TimeDependentSystem
-from ._base import AbstractIntegrator, replace_static
+from ._base import AbstractIntegrator, with_fields
 from ._prk_core import (PRKState, initial_state, next_state, predict, stage_equations,
                         vector_space)
 from .vprk import VPRK, AbstractPRK
@@ -77,7 +77,7 @@ class HolonomicVPRK(AbstractPRK):
 
     tableau: tb.PartitionedTableau
     solver: AbstractRootSolver
-    retrace: bool = eqx.field(static=True)
+    retrace: bool = eqx.field(static=True, default=False)   # see retracing
 
     symplectic = True
     supported = frozenset({HolonomicSystem, ForcedSystem, TimeDependentSystem})
@@ -88,7 +88,6 @@ class HolonomicVPRK(AbstractPRK):
         _check_hypotheses(pair)
         self.tableau = pair
         self.solver = cons.default_solver() if solver is None else solver
-        self.retrace = False
 
     @classmethod
     def lobatto(cls, s: int, **kwargs) -> "HolonomicVPRK":
@@ -153,8 +152,7 @@ class HolonomicVPRK(AbstractPRK):
         return precond
 
     def retracing(self) -> "HolonomicVPRK":
-        return replace_static(self, retrace=True,
-                              solver=replace_static(self.solver, min_steps=1))
+        return with_fields(self, retrace=True, solver=with_fields(self.solver, min_steps=1))
 
     def step(self, system: LagrangianSystem, state: HolonomicState, h: ScalarLike, u=None
              ) -> tuple[HolonomicState, SolverStats]:

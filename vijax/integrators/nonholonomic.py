@@ -41,7 +41,7 @@ from .._checks import is_traced
 from .._typing import ScalarLike, Vector
 from ..solvers import AbstractRootSolver, SolverStats, StartAsRoot
 from ..systems import ForcedSystem, LagrangianSystem, NonholonomicSystem, TimeDependentSystem
-from ._base import AbstractIntegrator, replace_static
+from ._base import AbstractIntegrator, with_fields
 from ._prk_core import (PRKState, at_nodes, initial_state, next_state,
                         nonholonomic_solver, predict, stage_equations, vector_space)
 from .vprk import VPRK, AbstractPRK
@@ -127,7 +127,7 @@ class NonholonomicVPRK(AbstractPRK):
     tableau: tb.PartitionedTableau
     solver: AbstractRootSolver | None
     form: str = eqx.field(static=True)
-    retrace: bool = eqx.field(static=True)
+    retrace: bool = eqx.field(static=True, default=False)   # see retracing
 
     symplectic = False
     supported = frozenset({NonholonomicSystem, ForcedSystem, TimeDependentSystem})
@@ -143,7 +143,6 @@ class NonholonomicVPRK(AbstractPRK):
         self.tableau = pair
         self.solver = solver
         self.form = form
-        self.retrace = False
 
     @classmethod
     def lobatto(cls, s: int, **kwargs) -> "NonholonomicVPRK":
@@ -211,23 +210,25 @@ class NonholonomicVPRK(AbstractPRK):
                        retraction=retraction, retrace=self.retrace)
 
     def retracing(self) -> "NonholonomicVPRK":
-        return replace_static(self, retrace=True)
+        # the carried stage values and multipliers reversed are the root (_predictor): no
+        # solve, no preconditioner
+        return with_fields(self, retrace=True, solver=StartAsRoot())
 
     def step(self, system: LagrangianSystem, state: NonholonomicState, h: ScalarLike, u=None
              ) -> tuple[NonholonomicState, SolverStats]:
         force = self._force(system, state, h, u)
         X0 = self._predictor(system, state, h)
-        solver, precond = nonholonomic_solver(self.solver, self.tableau, self.form,
-                                              *vector_space(state.q), system, state, h, X0[0])
         if self.retrace:
-            solver, start = StartAsRoot(), X0
+            solver, precond, start, X0 = self.solver, None, X0, None
         else:
+            solver, precond = nonholonomic_solver(self.solver, self.tableau, self.form,
+                                                  *vector_space(state.q), system, state, h,
+                                                  X0[0])
             start = state.misses.correct(X0)
         X, out, stats = solver.solve(
             lambda X: self.stage_equations(system, state, h, X, force), start, precond,
             has_aux=True)
-        return next_state(state, "nonholonomic", X, out, h,
-                          X0="restart" if self.retrace else X0), stats
+        return next_state(state, "nonholonomic", X, out, h, X0=X0), stats
 
     def stage_values(self, system: LagrangianSystem, prev: NonholonomicState,
                      new: NonholonomicState, h: ScalarLike, u=None):

@@ -23,6 +23,7 @@ time-dependent system (Marsden & West (2001), Part 4, time-dependent mechanics),
 """
 
 
+import functools
 from typing import Literal
 
 import equinox as eqx
@@ -42,8 +43,7 @@ from ..quadrature import (
 )
 from ..solvers import AbstractRootSolver, FixedPoint, SolverStats, StartAsRoot
 from ..systems import ForcedSystem, LagrangianSystem, MechanicalSystem, TimeDependentSystem
-from ._base import (AbstractDenseIntegrator, AbstractIntegrator, AbstractState,
-                    replace_static)
+from ._base import AbstractDenseIntegrator, AbstractIntegrator, AbstractState, with_fields
 from ._prk_core import (Misses, at_nodes, extrapolate, extrapolation, free_precond,
                         momentum_coupling, stage_equations, vector_space)
 
@@ -240,7 +240,7 @@ class VPRK(TableauPresets, AbstractPRK):
     tableau: tb.PartitionedTableau
     solver: AbstractRootSolver
     predictor: Literal["extrapolate", "constant"] = eqx.field(static=True)
-    retrace: bool = eqx.field(static=True)
+    retrace: bool = eqx.field(static=True, default=False)   # see retracing
 
     symplectic = True
     supported = frozenset({ForcedSystem, TimeDependentSystem})
@@ -254,7 +254,6 @@ class VPRK(TableauPresets, AbstractPRK):
         if predictor == "extrapolate" and len(set(self.tableau.q.c_)) < self.tableau.q.stages:
             predictor = "constant"  # repeated nodes: no interpolation polynomial
         self.predictor = predictor
-        self.retrace = False
 
     # -- presets (gauss, lobatto, midpoint from TableauPresets) ------------------------------
     @classmethod
@@ -342,14 +341,20 @@ class VPRK(TableauPresets, AbstractPRK):
         return self._extrapolate(state.forces, extrap, node)
 
     def retracing(self) -> "VPRK":
-        return replace_static(self, retrace=True, solver=StartAsRoot())
+        # the carried stage values reversed are the root (symmetric nodes and coefficients):
+        # no predictor, no solve (_start)
+        return with_fields(self, retrace=True, solver=StartAsRoot())
 
-    def _start(self, state: VPRKState, X0, carried):
-        """The stage solve's start: the predictor ``X0`` corrected by its last misses, or,
-        retracing (:meth:`retracing`), the unknowns ``carried`` from the step being retraced,
-        in reverse order (with symmetric nodes and coefficients the stage values of the step
-        with ``-h`` are those of the step with ``h`` in reverse order)."""
-        return carried[::-1] if self.retrace else state.misses.correct((X0,))[0]
+    def _start(self, state: VPRKState, predictor, carried):
+        """``(start, X0)`` of the stage solve: the predictor ``X0 = predictor()`` corrected
+        by its last misses, or, retracing (:meth:`retracing`), the unknowns ``carried`` from
+        the step being retraced, in reverse order (with symmetric nodes and coefficients the
+        stage values of the step with ``-h`` are those of the step with ``h`` in reverse
+        order), and no predictor (``X0 = None``)."""
+        if self.retrace:
+            return carried[::-1], None
+        X0 = predictor()
+        return state.misses.correct((X0,))[0], X0
 
     def step(self, system: LagrangianSystem, state: VPRKState, h: ScalarLike, u=None
              ) -> tuple[VPRKState, SolverStats]:
@@ -376,8 +381,10 @@ class VPRK(TableauPresets, AbstractPRK):
                 return W - (D1 if force is None else D1 + force(Q, V))
 
             # (the misses: an empty record in this form, see _carries_misses)
-            X0 = self._force_predictor(system, state, extrap, minv, force)
-            W, stats = self.solver.solve(residual, self._start(state, X0, state.forces))
+            start, X0 = self._start(
+                state, lambda: self._force_predictor(system, state, extrap, minv, force),
+                state.forces)
+            W, stats = self.solver.solve(residual, start)
             V, X = velocities(W), W
         else:
             if self._velocity_form(system):
@@ -396,19 +403,27 @@ class VPRK(TableauPresets, AbstractPRK):
                 # the predictor corrected by its last misses (_prk_core.corrected: the
                 # Coriolis terms make this iteration contract slowly, and a better start
                 # saves updates: the chaotic double pendulum 4.49 -> 3.83 per Gauss(2) step)
-                X0 = self._velocity_predictor(system, state, extrap)
+                start, X0 = self._start(
+                    state, lambda: self._velocity_predictor(system, state, extrap),
+                    state.stages)
             else:
                 # Momentum form D2L(Q^i, V^i) - P^i: the stage equations every PRK family
                 # shares (vijax.integrators._prk_core, on the group R^n), preconditioned by
-                # the velocity Hessian at the step start, inverted once per step.
-                V0 = mm(extrap, state.stages)
-                at_t = system.at(state.t)
-                minv = at_t.inverse_velocity_hessian(q, V0[-1])
+                # the velocity Hessian at the step start, inverted once per step (not when
+                # retracing: no update).
                 group, retraction = vector_space(q)
-                precond = free_precond(self.tableau, group, minv, p, V0[-1], h,
-                                       momentum_coupling(at_t, group, q, V0[-1]))
                 none = jnp.zeros((0,), q.dtype)
-                X0 = self._momentum_predictor(system, state, extrap, minv)
+                if self.retrace:
+                    precond, predictor = None, None
+                else:
+                    V0 = mm(extrap, state.stages)
+                    at_t = system.at(state.t)
+                    minv = at_t.inverse_velocity_hessian(q, V0[-1])
+                    precond = free_precond(self.tableau, group, minv, p, V0[-1], h,
+                                           momentum_coupling(at_t, group, q, V0[-1]))
+                    predictor = functools.partial(self._momentum_predictor, system, state,
+                                                  extrap, minv)
+                start, X0 = self._start(state, predictor, state.stages)
 
                 def residual(V):
                     res, out = stage_equations(self.tableau, group, retraction, system, "free",
@@ -417,12 +432,10 @@ class VPRK(TableauPresets, AbstractPRK):
 
             # W^i comes from the last residual evaluation (within the tolerance of the
             # root), not from an evaluation after the solve.
-            V, W, stats = self.solver.solve(residual, self._start(state, X0, state.stages),
-                                            precond, has_aux=True)
+            V, W, stats = self.solver.solve(residual, start, precond, has_aux=True)
             X = V
         new = VPRKState(t=state.t + h, q=q + h * mm(b, V), p=p + h * mm(b, W), stages=V,
-                        forces=W, misses=(state.misses.restarted() if self.retrace else
-                                          state.misses.after((X,), (X0,))))
+                        forces=W, misses=state.misses.after((X,), None if X0 is None else (X0,)))
         return new, stats
 
     def velocity(self, system: LagrangianSystem, state: VPRKState) -> Vector:

@@ -58,7 +58,7 @@ from ...quadrature import (
 )
 from ...solvers import AbstractRootSolver, SolverStats
 from ...systems import ForcedSystem, HolonomicSystem, LagrangianSystem, TimeDependentSystem
-from .._base import AbstractDenseIntegrator, AbstractIntegrator, AbstractState, replace_static
+from .._base import AbstractDenseIntegrator, AbstractIntegrator, AbstractState, with_fields
 from .._forcing import end_force
 from ..vprk import at_nodes
 
@@ -159,7 +159,7 @@ class GalerkinVI(AbstractDenseIntegrator):
     mode: str = eqx.field(static=True)
     control_points: str = eqx.field(static=True)
     solver: AbstractRootSolver
-    retrace: bool = eqx.field(static=True)
+    retrace: bool = eqx.field(static=True, default=False)   # see retracing
 
     symplectic = True
     supported = frozenset({HolonomicSystem, ForcedSystem, TimeDependentSystem})
@@ -229,7 +229,6 @@ class GalerkinVI(AbstractDenseIntegrator):
         self.constraint_quadrature, self.mode = constraint_quadrature, mode
         self.control_points = control_points
         self.solver = cons.default_solver() if solver is None else solver
-        self.retrace = False
 
     # -- presets ----------------------------------------------------------------------------
     @classmethod
@@ -473,8 +472,7 @@ class GalerkinVI(AbstractDenseIntegrator):
         )
 
     def retracing(self) -> "GalerkinVI":
-        return replace_static(self, retrace=True,
-                              solver=replace_static(self.solver, min_steps=1))
+        return with_fields(self, retrace=True, solver=with_fields(self.solver, min_steps=1))
 
     def step(self, system: LagrangianSystem, state: GalerkinState, h: ScalarLike, u=None
              ) -> tuple[GalerkinState, SolverStats]:
