@@ -119,8 +119,18 @@ RETRACED += [(f"Galerkin, {integ.name}", integ, vj.systems.CartesianPendulum(),
              for integ in (vj.GalerkinVI.gauss(2), vj.GalerkinVI.lobatto(3))]
 
 
-def _reversed_root(integ, back):
-    """The carried unknowns of the step that retraces the step back which reached ``back``."""
+RETRACED += [(f"discrete gradient, {integ.name}", integ, _CHAOTIC,
+              _CHAOTIC.initial_conditions()[0][3], _CHAOTIC.initial_conditions()[1][3])
+             for integ in (vj.DiscreteGradient.gonzalez(), vj.DiscreteGradient.avf())]
+
+
+def _reversed_root(integ, back, h):
+    """The carried unknowns of the step that retraces the step back which reached ``back``
+    (a step of ``-h``)."""
+    if isinstance(integ, vj.DiscreteGradient):
+        # the step back's rate: the retraced step's root is where the step back started
+        n = back.q.shape[0]
+        return {"q": back.q + h * back.zdot[:n], "rho": back.rho + h * back.zdot[n:]}
     if isinstance(integ, vj.GalerkinVI):
         # control points (q^v - q^0) / h of the polynomial in reverse
         return {"controls": back.controls[-1][None, :] - back.controls[::-1]}
@@ -134,7 +144,9 @@ def test_retraced_step_starts_at_its_root(name, integ, system, q0, v0):
     """The reversible adjoint re-takes each step from the state the step back reached, with
     ``integrator.retracing()``: the step back's stage values in reverse order are the root
     (symmetric coefficients; checked against the root the plain step finds from its
-    predictor), which VPRK and NonholonomicVPRK take as found and the holonomic families,
+    predictor; for the discrete gradients the step back's own start, from the rate it
+    carries), which VPRK, NonholonomicVPRK and the discrete gradients take as found and the
+    holonomic families,
     whose node velocity or first multiplier is not carried, finish in two updates; either
     way the step returns to where the step back started."""
     h = 0.02
@@ -153,7 +165,7 @@ def test_retraced_step_starts_at_its_root(name, integ, system, q0, v0):
         plain.append(int(other_stats.iterations))
         # the root the plain step finds from its predictor is the step back's stage values
         # reversed
-        for x, expected in _reversed_root(integ, state).items():
+        for x, expected in _reversed_root(integ, state, h).items():
             scale = float(jnp.max(jnp.abs(getattr(other, x))))
             np.testing.assert_allclose(getattr(other, x), expected, rtol=0,
                                        atol=1e-12 * scale, err_msg=f"{name}: {x}")
@@ -169,6 +181,39 @@ def test_retraced_step_starts_at_its_root(name, integ, system, q0, v0):
     expected = 2 if isinstance(integ, (vj.HolonomicVPRK, vj.GalerkinVI)) else 0
     assert max(retraced) <= expected and np.mean(plain) >= np.mean(retraced) + 1, (
         name, retraced, plain)
+
+
+def test_retraced_discrete_gradient_step_changes_frame():
+    """A discrete-gradient step whose frame's reflector signs differ from those the state's
+    ``ρ`` is expressed in (a constraint row whose leading entry changes sign) re-expresses
+    the retraced root in its own frame, and returns where the step back started.  The
+    catalogue's constraint rows keep their leading sign, so the state is rewritten in the
+    other frame by hand."""
+    from vijax.integrators.discrete_gradients import ReducedForm
+
+    system, h = _CHAOTIC, 0.05
+    q0, v0 = _CHAOTIC.initial_conditions()[0][3], _CHAOTIC.initial_conditions()[1][3]
+    integ = vj.DiscreteGradient.gonzalez()
+    step = jax.jit(lambda integ, state, h: integ.step(system, state, h))
+    after = integ.init(system, 0.0, q0, v0)
+    for _ in range(10):
+        after, _ = step(integ, after, h)
+    back, _ = step(integ, after, -h)
+    # the step back and its start in the frame of the flipped signs
+    other = ReducedForm(system, -back.signs, "qr")
+    z_back = jnp.concatenate([back.q, other.rho(back.q, back.p)])
+    z_start = jnp.concatenate([after.q, other.rho(after.q, after.p)])
+    flipped = eqx.tree_at(lambda s: (s.signs, s.rho, s.zdot), back,
+                          (-back.signs, z_back[q0.shape[0]:], (z_back - z_start) / -h))
+    again, stats = step(integ.retracing(), flipped, h)
+    plain, plain_stats = step(integ, flipped, h)
+    assert bool(stats.converged) and int(stats.iterations) == 0
+    assert bool(plain_stats.converged) and int(plain_stats.iterations) >= 2
+    for x in ("q", "p", "rho"):
+        scale = float(jnp.max(jnp.abs(getattr(after, x))))
+        for y in (again, plain):
+            np.testing.assert_allclose(getattr(y, x), getattr(after, x), rtol=0,
+                                       atol=1e-13 * scale, err_msg=x)
 
 
 def _released_pendulum_gradient(integ, angles, n, save_every, adjoint, **kwargs):

@@ -55,9 +55,10 @@ from .._linalg import mm
 from ..constraints import check_nonholonomic_consistent
 from .._typing import ScalarLike, Vector
 from ..quadrature import gauss_quadrature
-from ..solvers import AbstractRootSolver, FixedPoint, Newton, SolverStats
+from ..solvers import AbstractRootSolver, FixedPoint, Newton, SolverStats, StartAsRoot
 from ..systems import ForcedSystem, MechanicalSystem, NonholonomicSystem
-from ._base import AbstractIntegrator, AbstractState, IncompatibleSystemError, accepting
+from ._base import (AbstractIntegrator, AbstractState, IncompatibleSystemError, accepting,
+                    with_fields)
 
 __all__ = ["DiscreteGradient", "DiscreteGradientState", "householder_frame", "frame_signs",
            "avf_gradient", "gonzalez_gradient", "itoh_abe_gradient", "ReducedForm",
@@ -584,6 +585,7 @@ class DiscreteGradient(AbstractLinearNonholonomicMethod):
     formulation: str = eqx.field(static=True)
     frame: str = eqx.field(static=True)
     solver: Optional[AbstractRootSolver]
+    retrace: bool = eqx.field(static=True, default=False)   # see retracing
 
     symplectic = False
     system_type = MechanicalSystem
@@ -672,6 +674,15 @@ class DiscreteGradient(AbstractLinearNonholonomicMethod):
     def symmetric(self) -> bool:
         return self.gradient != "itoh_abe"
 
+    def retracing(self) -> "DiscreteGradient":
+        # The reduced form carries ζ̇ = (ζ_{k+1} - ζ_k)/h of the step that reached the state,
+        # so the step that retraces it has its root there (_retraced_root): no predictor, no
+        # solve.  The full form carries neither the step nor its multipliers; a method that is
+        # not symmetric has no step back to retrace.
+        if self.formulation != "reduced" or not self.symmetric:
+            return self
+        return with_fields(self, retrace=True, solver=StartAsRoot())
+
     # -- systems and initial data ----------------------------------------------------------
     def check_system(self, system) -> None:
         if (self.frame == "system" and isinstance(system, NonholonomicSystem)
@@ -735,6 +746,23 @@ class DiscreteGradient(AbstractLinearNonholonomicMethod):
             gq, gr = g[:n] - F, g[n:]
             return z1 - z - h * jnp.concatenate([mm(X, gr), -mm(gq, X) + mm(Lam, gr)])
 
+        solver = self._solver(q.dtype)
+        if self.retrace:
+            z1, stats = solver.solve(residual, self._retraced_root(system, state, h, red, n))
+            miss1 = jnp.zeros_like(miss)   # no prediction: the record restarts
+        else:
+            z1, stats, miss1 = self._predicted_solve(solver, residual, red, state, z, zdot,
+                                                     miss, H0, force, h, n)
+        q1, rho1 = z1[:n], z1[n:]
+        v1 = red.velocity(q1, rho1)
+        new = DiscreteGradientState(t=state.t + h, q=q1, p=mm(system.mass_matrix(q1), v1), v=v1,
+                                    rho=rho1, signs=state.signs if red.signs is None else red.signs,
+                                    zdot=(z1 - z) / h, miss=miss1)
+        return new, stats
+
+    def _predicted_solve(self, solver, residual, red, state, z, zdot, miss, H0, force, h, n):
+        """``(ζ', statistics, miss)``: the step's solve from its predictor."""
+        q = state.q
         # Predictor and preconditioner: the midpoint step linearised at the midpoint
         # extrapolated from the last step, ζ̂ = ζ + (h/2) ζ̇ (the force and its derivative
         # taken along the start velocity).  With J the linearisation's Jacobian at ζ̂ and
@@ -753,15 +781,21 @@ class DiscreteGradient(AbstractLinearNonholonomicMethod):
         # CVT gearbox, 5.62 -> 5.31 on the quartic system; Gonzalez-R steps 0.97x, quartic
         # 0.95x in one process)
         d0 = h * zdot + h * mm(P, f - zdot) + miss
-        solver = self._solver(q.dtype)
         level = quotient_round_off(self.gradient, H0, d0, z, h, solver.tolerances(q.dtype)[1])
         z1, stats = solver.solve(residual, z + d0, lambda r: mm(P, r), stall_level=level)
-        q1, rho1 = z1[:n], z1[n:]
-        v1 = red.velocity(q1, rho1)
-        new = DiscreteGradientState(t=state.t + h, q=q1, p=mm(system.mass_matrix(q1), v1), v=v1,
-                                    rho=rho1, signs=state.signs if red.signs is None else red.signs,
-                                    zdot=(z1 - z) / h, miss=z1 - z - d0 + miss)
-        return new, stats
+        return z1, stats, z1 - z - d0 + miss
+
+    def _retraced_root(self, system, state, h, red, n):
+        """The root of a retraced step (:meth:`retracing`): ``ζ + h ζ̇`` (``ζ̇`` carried from
+        the step back, ``h`` the negative of its step), re-expressed in this step's frame
+        where the reflector signs at its start differ from the step back's (its ``ρ`` is
+        ``Xᵀ p`` in its own frame)."""
+        q1 = state.q + h * state.zdot[:n]
+        rho1 = state.rho + h * state.zdot[n:]
+        if self.frame == "qr":
+            p1 = ReducedForm(system, state.signs, self.frame).momentum(q1, rho1)
+            rho1 = jnp.where(jnp.all(red.signs == state.signs), rho1, red.rho(q1, p1))
+        return jnp.concatenate([q1, rho1])
 
     def _step_full(self, system, state, h, force):
         q, p = state.q, state.p
