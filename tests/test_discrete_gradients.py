@@ -777,3 +777,24 @@ def test_quartic_si_dla_energy_wanders_far_above_the_discrete_gradients():
         errs[name] = np.max(np.abs(E - E[0]))
         assert np.max(np.abs(constraint(system, st))) <= 1e-14
     assert errs["SI"] >= 1e6 * errs["G"], errs
+
+
+def _chaotic_member():
+    q0, v0 = vj.systems.ChaoticNonholonomic.initial_conditions()
+    return vj.systems.ChaoticNonholonomic(), q0[3], v0[3]
+
+
+@pytest.mark.parametrize("make", [_chaotic_member,
+                                  lambda: (QuarticNonholonomic(), *QuarticNonholonomic.initial())],
+                         ids=["chaotic", "quartic"])
+def test_reduced_step_of_an_ensemble_calls_no_lapack(make):
+    """The reduced metric of these systems is 6 x 6: its solve is a Cholesky factorisation
+    written out, not a LAPACK call, so a vmapped step has none (jaxlib 0.10's batched LAPACK
+    kernels on CPU can deadlock XLA:CPU's thread pool when two run at once; a 1024-member
+    ensemble of the chaotic system hung with the LU solve)."""
+    system, q0, v0 = make()
+    integ = vj.DiscreteGradient.gonzalez()
+    state = integ.init(system, 0.0, q0, v0)
+    batch = jax.tree_util.tree_map(lambda x: jnp.stack([x] * 4), state)
+    text = jax.jit(jax.vmap(lambda s: integ.step(system, s, 0.1)[0])).lower(batch).as_text()
+    assert "lapack" not in text

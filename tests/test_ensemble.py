@@ -127,6 +127,38 @@ def test_a_called_ensemble_runs_a_block_per_core(monkeypatch):
         vj.simulate_ensemble(SYSTEM, GAUSS2, q0=bad, v0=v0, **args)
 
 
+def test_blocks_run_one_after_the_other_where_lapack_could_deadlock(monkeypatch):
+    """jaxlib 0.10's batched LAPACK kernels on CPU wait on XLA:CPU's thread pool, and two
+    large ones at once (one per block thread) can hang it: a called ensemble whose program
+    calls LAPACK (here the initial check's singular values) runs its blocks one after the
+    other when its chunks exceed the batch measured safe (lowered to 8 members here), and
+    from threads otherwise; the members are the same either way."""
+    import vijax.ensemble as E
+    if jax.default_backend() != "cpu":
+        pytest.skip("the block threads are a CPU feature")
+    used = []
+
+    class Recording(E.ThreadPoolExecutor):
+        def __init__(self, *args, **kwargs):
+            used.append(True)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(E, "ThreadPoolExecutor", Recording)
+    monkeypatch.setattr(E, "_cores", lambda: 2)
+    monkeypatch.setattr(E, "_CPU_MIN_WORK", 1)
+    monkeypatch.setattr(E, "_LAPACK_SAFE_BATCH", 8)
+    rng = np.random.default_rng(2)
+    q0 = jnp.asarray(np.stack([rng.uniform(0.5, 1.1, 130), rng.uniform(-0.3, 0.3, 130)], 1))
+    v0 = jnp.asarray(np.stack([rng.uniform(-0.2, 0.2, 130), rng.uniform(0.9, 1.4, 130)], 1))
+    args = dict(q0=q0, v0=v0, dt=0.05, n_steps=20, save_every=5)
+    wide = vj.simulate_ensemble(SYSTEM, GAUSS2, batch_size=32, **args)
+    assert bool(used) == (not E._lapack_blocks_pool())
+    used.clear()
+    narrow = vj.simulate_ensemble(SYSTEM, GAUSS2, batch_size=8, **args)
+    assert used == [True]
+    np.testing.assert_allclose(wide.q, narrow.q, rtol=1e-13, atol=1e-13)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(q0=Q0[0], v0=V0[0]), r"q0 must have shape \(members, 2\)"),
     (dict(v0=V0[:3]), r"v0 must have the shape of q0"),

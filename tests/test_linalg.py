@@ -67,3 +67,23 @@ def test_closed_forms_against_numpy(n):
     for got, want in zip(jax.grad(loss(_linalg.cramer), argnums=(0, 1))(m, b),
                          jax.grad(loss(jnp.linalg.solve), argnums=(0, 1))(m, b)):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 6, 8, 9])
+def test_spd_solve_against_numpy_and_its_derivatives(n):
+    """The Cholesky solve written out (n <= 8; LAPACK above) on ill-conditioned SPD matrices
+    (condition 1e8): residual at round-off, and its derivatives in symmetric directions of the
+    matrix and in the right-hand side equal the LAPACK solve's."""
+    rng = np.random.default_rng(n)
+    U, _ = np.linalg.qr(rng.normal(size=(n, n)))
+    m = jnp.asarray(U @ np.diag(np.logspace(0, -8, n)) @ U.T)
+    b = jnp.asarray(rng.normal(size=n))
+    x = _linalg.spd_solve(m, b)
+    assert float(jnp.max(jnp.abs(m @ x - b))) <= 1e-14 * float(jnp.max(jnp.abs(m)) *
+                                                                 jnp.max(jnp.abs(x)))
+    sym = jnp.asarray(rng.normal(size=(n, n)))
+    dm, db = sym + sym.T, jnp.asarray(rng.normal(size=n))
+    mine = jax.jvp(_linalg.spd_solve, (m, b), (dm, db))[1]
+    ref = jax.jvp(jnp.linalg.solve, (m, b), (dm, db))[1]
+    np.testing.assert_allclose(mine, ref, rtol=1e-6 if n > 1 else 1e-12,
+                               atol=1e-6 * float(jnp.max(jnp.abs(ref))))

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
-__all__ = ["inv", "cramer", "mm", "solve", "factor"]
+__all__ = ["inv", "cramer", "mm", "solve", "factor", "spd_solve"]
 
 
 def _cofactor_rows(m):
@@ -180,3 +180,47 @@ def factor(m):
         return lambda r: mm(inverse, r)
     lu = jsl.lu_factor(m)
     return lambda r: jsl.lu_solve(lu, r)
+
+
+# Symmetric positive definite systems up to this size are solved by a Cholesky factorisation
+# written out as array code.  Besides the cost of a LAPACK call inside a loop, jaxlib 0.10's
+# batched LAPACK kernels on CPU (a LAPACK call under ``jax.vmap``) hand chunks of the batch to
+# XLA:CPU's thread pool and block until they are done: two independent ones running at once
+# deadlock a 2-thread pool (measured with jaxlib 0.10.2 on 2 cores: ``jax.jit(jax.vmap(f))``
+# with ``f`` summing two independent 6 x 6 ``jnp.linalg.solve``, 4096 members, hung within 50
+# calls and 1024 within 1000; one solve per ``f`` never did), which hung the discrete-gradient
+# ensembles of the six-dimensional reduced metrics (docs/ensembles.md).
+_SMALL_SPD = 8
+
+
+def spd_solve(m, b):
+    """``m^{-1} b`` for a symmetric positive definite ``m`` (``b`` a vector): Cholesky
+    ``m = L Lᵀ`` and two triangular substitutions written out for ``n <= 8``, LAPACK above."""
+    n = m.shape[-1]
+    if m.ndim != 2 or b.ndim != 1 or n > _SMALL_SPD:
+        return jnp.linalg.solve(m, b)
+    L = [[None] * n for _ in range(n)]
+    dinv = [None] * n
+    for j in range(n):
+        d = m[j, j]
+        for k in range(j):
+            d = d - L[j][k] * L[j][k]
+        dinv[j] = jax.lax.rsqrt(d)
+        for i in range(j + 1, n):
+            acc = m[i, j]
+            for k in range(j):
+                acc = acc - L[i][k] * L[j][k]
+            L[i][j] = acc * dinv[j]
+    y = [None] * n
+    for i in range(n):   # L y = b
+        acc = b[i]
+        for k in range(i):
+            acc = acc - L[i][k] * y[k]
+        y[i] = acc * dinv[i]
+    x = [None] * n
+    for i in range(n - 1, -1, -1):   # Lᵀ x = y
+        acc = y[i]
+        for k in range(i + 1, n):
+            acc = acc - L[k][i] * x[k]
+        x[i] = acc * dinv[i]
+    return jnp.stack(x)

@@ -199,9 +199,37 @@ def _run_threads(members, shared, threads: int, count: int, name, n_steps, save_
     def one(block):
         return jax.block_until_ready(run(block, shared, *static))
 
+    if min(chunk, per) > _LAPACK_SAFE_BATCH and _blocking_lapack(run):
+        return _join([one(block) for block in blocks], count)
     with ThreadPoolExecutor(threads) as pool:
         sols = list(pool.map(one, blocks))
     return _join(sols, count)
+
+
+#: The largest batch of a LAPACK kernel measured not to hang from two threads (below).
+_LAPACK_SAFE_BATCH = 512
+
+
+def _lapack_blocks_pool() -> bool:
+    """Whether jaxlib's batched LAPACK kernels on CPU wait for chunks of their batch handed to
+    XLA:CPU's thread pool (jaxlib 0.10): with as many of them running at once as the pool has
+    threads, none of the chunks can run.  Measured with jaxlib 0.10.2 on 2 cores: a
+    ``jax.jit(jax.vmap(jnp.linalg.solve))`` of 1024 8 x 8 systems called from two threads at
+    once hung within 500 calls (4096 within 100), 256 did not in 500 calls; the singular
+    values of 128, 256 and 512 7 x 7 matrices (the initial checks' batched SVD) did not in
+    300--1000 calls; from one thread a single batched solve never hung."""
+    version = tuple(int(x) for x in jax.lib.__version__.split(".")[:2] if x.isdigit())
+    return version < (0, 11)
+
+
+def _blocking_lapack(run) -> bool:
+    """Whether the compiled ensemble program ``run`` calls a LAPACK kernel that could wait on
+    the thread pool (:func:`_lapack_blocks_pool`): with chunks of more than
+    ``_LAPACK_SAFE_BATCH`` members its blocks then run one after the other.  (The initial
+    checks' singular values; the stage solves of more than six unknowns by
+    :class:`vijax.solvers.Newton`; the full-space discrete gradient.  vijax's fixed-point
+    stage solves and reduced metrics call none.)"""
+    return _lapack_blocks_pool() and "lapack_" in run.compiled.as_text()
 
 
 @eqx.filter_jit

@@ -305,11 +305,15 @@ def _metric_solve(g: Float[Array, "m m"], rho: Vector) -> Vector:
     """``g^{-1} ρ`` for the reduced metric (symmetric positive definite): Cramer's rule for
     ``m <= 3`` (:func:`vijax._linalg.cramer`; a LAPACK call inside the solver loop cost half
     of a fixed-point step on the CVT gearbox, m = 2: 62 against 27 µs; the closed-form
-    inverse times ``ρ``, 4% slower steps than the solution written out), LU above:
-    :func:`vijax._linalg.solve` unrolls up to ``m = 6``, which made the step on the quartic
-    system (m = 6) slower, with Newton 830--860 against 590--610 µs and with the
-    preconditioned fixed point 70 against 63 µs."""
-    return _linalg.cramer(g, rho) if g.shape[-1] <= 3 else jnp.linalg.solve(g, rho)
+    inverse times ``ρ``, 4% slower steps than the solution written out), the Cholesky
+    factorisation written out up to ``m = 8`` (:func:`vijax._linalg.spd_solve`), LAPACK
+    above.  (LAPACK's LU for ``m = 6`` had been faster than the pivoted elimination written
+    out -- the quartic system's step with Newton 590--610 against 830--860 µs, with the
+    preconditioned fixed point 63 against 70 µs -- but under ``jax.vmap`` jaxlib 0.10's
+    batched LAPACK kernels deadlock when two run at once (:data:`vijax._linalg._SMALL_SPD`):
+    the chaotic system's ensemble of 1024 members hung.)"""
+    m = g.shape[-1]
+    return _linalg.cramer(g, rho) if m <= 3 else _linalg.spd_solve(g, rho)
 
 
 class ReducedForm(eqx.Module):
