@@ -22,7 +22,9 @@ Parts (see benchmarks/README.md, "Nonholonomic benchmarks"):
   3  NonholonomicVPRK.lobatto(3) against SI-DLA / I-DLA: energy error vs cost (T = 100), time
      to reach 1e-6 and 1e-8 on each Pareto front.
   4  ensemble throughput of the chaotic energy-sheet study under jax.vmap: lobatto(2), (3)
-     (vj.simulate_ensemble) against diffrax Tsit5 under jax.vmap, per batch size.
+     (vj.simulate_ensemble; --methods adds e.g. dg_gonzalez=0.2) against diffrax Tsit5 under
+     jax.vmap, per batch size; where no Tsit5 step is as accurate, the ratio against its most
+     accurate one.
 
 Timing rules are those of benchmarks/run.py, whose helpers are imported: float64, every solver
 inside its own jax.jit, compilation excluded (its time recorded separately), median of blocked
@@ -105,7 +107,8 @@ FULL = {
     "4": dict(
         batches=[64, 256, 1024, 4096], T=10.0, saves=10, repeats=2,
         vijax={"lob2": 0.1, "lob3": 0.2}, peer_dt=0.1,
-        accuracy_members=64, peer_dts=[0.4, 0.2, 0.1, 0.05, 0.025, 0.0125, 0.00625],
+        accuracy_members=64,
+        peer_dts=[0.4, 0.2, 0.1, 0.05, 0.025, 0.0125, 0.00625, 0.003125, 0.0015625],
     ),
 }
 
@@ -819,9 +822,16 @@ def part_4(cfg):
                 entry.update(equal_accuracy=row[key]["traj_time_per_s"] / peer_tt,
                              peer_dt=d, peer_rms_dE=res["accuracy"][f"tsit5@dt={d:g}"]["rms_dE"])
             else:
-                entry.update(equal_accuracy=None,
-                             note=f"no Tsit5 step in {dts} is as accurate: ratio > "
-                                  f"{row[key]['traj_time_per_s'] / (row['tsit5']['traj_steps_per_s'] * min(dts)):.3g}")
+                # no Tsit5 step is as accurate: the ratio against its most accurate one (the
+                # smallest steps end at its round-off floor, where the error grows again)
+                ok = [d for d in dts if res["accuracy"][f"tsit5@dt={d:g}"]["success"]]
+                d = min(ok, key=lambda d: res["accuracy"][f"tsit5@dt={d:g}"]["rms_dE"])
+                best = res["accuracy"][f"tsit5@dt={d:g}"]["rms_dE"]
+                vs_best = row[key]["traj_time_per_s"] / (row["tsit5"]["traj_steps_per_s"] * d)
+                entry.update(equal_accuracy=None, vs_most_accurate_peer=vs_best, peer_dt=d,
+                             peer_rms_dE=best,
+                             note=f"no Tsit5 step in {dts} is as accurate; against its most "
+                                  f"accurate (dt = {d:g}, rms {best:.2g}): {vs_best:.3g}")
             res["ratios"][f"{key}/tsit5@batch={b}"] = entry
     plot_part_4(res, RESULTS / f"nonholonomic_ensemble{TAG}.png")
     return res
@@ -965,7 +975,8 @@ def summary_4(r):
         eq = (f"{e['equal_accuracy']:.3g} (Tsit5 dt={e['peer_dt']:g})"
               if e.get("equal_accuracy") is not None else e.get("note"))
         lines.append(f"      [{_met(e['constant_step'] >= 1)}|"
-                     f"{_met((e.get('equal_accuracy') or 0) >= 1)}] {k:24s} "
+                     f"{_met((e.get('equal_accuracy') or e.get('vs_most_accurate_peer') or 0) >= 1)}] "
+                     f"{k:24s} "
                      f"{e['constant_step']:.3g} (cpu {e['constant_step_cpu']:.3g}) | {eq}")
     return lines
 
