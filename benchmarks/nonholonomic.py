@@ -974,9 +974,8 @@ def summary_4(r):
     for k, e in r["ratios"].items():
         eq = (f"{e['equal_accuracy']:.3g} (Tsit5 dt={e['peer_dt']:g})"
               if e.get("equal_accuracy") is not None else e.get("note"))
-        lines.append(f"      [{_met(e['constant_step'] >= 1)}|"
-                     f"{_met((e.get('equal_accuracy') or e.get('vs_most_accurate_peer') or 0) >= 1)}] "
-                     f"{k:24s} "
+        equal = e.get("equal_accuracy") or e.get("vs_most_accurate_peer") or 0
+        lines.append(f"      [{_met(e['constant_step'] >= 1)}|{_met(equal >= 1)}] {k:24s} "
                      f"{e['constant_step']:.3g} (cpu {e['constant_step_cpu']:.3g}) | {eq}")
     return lines
 
