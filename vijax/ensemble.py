@@ -18,6 +18,7 @@ inputs reduces every stage loop's convergence test over all devices, and a faili
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Union
@@ -218,8 +219,11 @@ def _lapack_blocks_pool() -> bool:
     once hung within 500 calls (4096 within 100), 256 did not in 500 calls; the singular
     values of 128, 256 and 512 7 x 7 matrices (the initial checks' batched SVD) did not in
     300--1000 calls; from one thread a single batched solve never hung."""
-    version = tuple(int(x) for x in jax.lib.__version__.split(".")[:2] if x.isdigit())
-    return version < (0, 11)
+    try:
+        text = importlib.metadata.version("jaxlib")
+    except importlib.metadata.PackageNotFoundError:   # a source build: JAX's own version
+        text = jax.__version__
+    return tuple(int(x) for x in text.split(".")[:2] if x.isdigit()) < (0, 11)
 
 
 def _blocking_lapack(run) -> bool:
