@@ -87,3 +87,29 @@ def test_spd_solve_against_numpy_and_its_derivatives(n):
     ref = jax.jvp(jnp.linalg.solve, (m, b), (dm, db))[1]
     np.testing.assert_allclose(mine, ref, rtol=1e-6 if n > 1 else 1e-12,
                                atol=1e-6 * float(jnp.max(jnp.abs(ref))))
+
+
+@pytest.mark.parametrize("n", [7, 8])
+def test_solve_switches_to_array_code_under_vmap(n):
+    """From 7 to 8 unknowns one system goes to LAPACK and a vmapped batch to the elimination
+    written out (a batched LAPACK call solves one system after the other, and with jaxlib 0.10
+    can deadlock XLA:CPU's thread pool); values, derivatives (forward, reverse, second, of the
+    batch and batched) equal ``jnp.linalg.solve``'s."""
+    rng = np.random.default_rng(n)
+    M = jnp.asarray(rng.normal(size=(4, n, n)) + n * np.eye(n))
+    B = jnp.asarray(rng.normal(size=(4, n)))
+    assert "lapack" in jax.jit(_linalg.solve).lower(M[0], B[0]).as_text()
+    assert "lapack" not in jax.jit(jax.vmap(_linalg.solve)).lower(M, B).as_text()
+    np.testing.assert_allclose(jax.vmap(_linalg.solve)(M, B),
+                               np.linalg.solve(M, B[..., None])[..., 0], rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(jax.vmap(_linalg.solve, (None, 0))(M[0], B),
+                               np.linalg.solve(M[0], B.T).T, rtol=1e-13, atol=1e-14)
+    mine = lambda m, b: jnp.sum(jnp.sin(_linalg.solve(m, b)))  # noqa: E731
+    ref = lambda m, b: jnp.sum(jnp.sin(jnp.linalg.solve(m, b)))  # noqa: E731
+    for transform in (lambda f: jax.vmap(jax.grad(f, (0, 1))),
+                      lambda f: jax.grad(lambda m, b: jnp.sum(jax.vmap(f)(m, b)), (0, 1)),
+                      lambda f: jax.vmap(jax.jacfwd(f, (0, 1))),
+                      lambda f: jax.vmap(jax.hessian(f, 1))):
+        for a, c in zip(jax.tree.leaves(transform(mine)(M, B)),
+                        jax.tree.leaves(transform(ref)(M, B))):
+            np.testing.assert_allclose(a, c, rtol=1e-12, atol=1e-14)
