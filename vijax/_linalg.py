@@ -140,8 +140,13 @@ def _eliminate(blocks, n):
 
 
 # Under ``jax.vmap`` the written-out elimination pays up to this size: a batched LAPACK call
-# solves its systems one after the other (and with jaxlib 0.10 can deadlock XLA:CPU's thread
-# pool, :data:`_SMALL_SPD`), the array code solves them all at once.  SI-DLA on the chaotic
+# solves its systems one after the other, the array code all at once.  And jaxlib 0.10's
+# batched LAPACK kernels on CPU hand chunks of the batch to XLA:CPU's thread pool and block
+# until they are done: two independent ones at once deadlock a 2-thread pool (jaxlib 0.10.2
+# on 2 cores: ``jax.jit(jax.vmap(f))``, ``f`` summing two independent 6 x 6
+# ``jnp.linalg.solve``, hung within 50 calls at 4096 members, within 1000 at 1024; with one
+# solve per ``f`` never), which hung the discrete-gradient ensembles of six-dimensional
+# reduced metrics (docs/ensembles.md).  SI-DLA on the chaotic
 # nonholonomic system (Newton on 8 unknowns): ensembles of 64 / 1024 members under jax.jit
 # 1.5x / 1.6x faster (5.9e5 -> 8.8e5 and 4.2e5 -> 6.8e5 trajectory-steps/s), a single
 # trajectory unchanged (4.0 us a step; written out it would run 1.6x slower, 6.3 us).
@@ -232,22 +237,19 @@ def factor(m):
 
 
 # Symmetric positive definite systems up to this size are solved by a Cholesky factorisation
-# written out as array code.  Besides the cost of a LAPACK call inside a loop, jaxlib 0.10's
-# batched LAPACK kernels on CPU (a LAPACK call under ``jax.vmap``) hand chunks of the batch to
-# XLA:CPU's thread pool and block until they are done: two independent ones running at once
-# deadlock a 2-thread pool (measured with jaxlib 0.10.2 on 2 cores: ``jax.jit(jax.vmap(f))``
-# with ``f`` summing two independent 6 x 6 ``jnp.linalg.solve``, 4096 members, hung within 50
-# calls and 1024 within 1000; one solve per ``f`` never did), which hung the discrete-gradient
-# ensembles of the six-dimensional reduced metrics (docs/ensembles.md).
+# written out as array code, faster than LAPACK's LU inside a loop (no pivoting: the
+# discrete gradients' 6 x 6 reduced metric, quartic system, step 0.84x) and no batched LAPACK
+# call under jax.vmap (:data:`_BATCHED_SOLVE`).
 _SMALL_SPD = 8
 
 
 def spd_solve(m, b):
     """``m^{-1} b`` for a symmetric positive definite ``m`` (``b`` a vector): Cholesky
-    ``m = L Lᵀ`` and two triangular substitutions written out for ``n <= 8``, LAPACK above."""
+    ``m = L Lᵀ`` and two triangular substitutions written out for ``n <= 8``, :func:`solve`
+    above."""
     n = m.shape[-1]
     if m.ndim != 2 or b.ndim != 1 or n > _SMALL_SPD:
-        return jnp.linalg.solve(m, b)
+        return solve(m, b)
     L = [[None] * n for _ in range(n)]
     dinv = [None] * n
     for j in range(n):

@@ -341,24 +341,19 @@ def check_nonholonomic_consistent(system, q0: Vector, v0: Vector, tol: float
         raise ValueError(f"{name}.nonholonomic(q, v) must return a 1-D array of 1 <= m < n "
                          f"constraint values; got shape {phi.shape} for n = {v0.shape[0]}.")
     m = phi.shape[0]
-    A = system.constraint_matrix(q0, v0)
 
     def compatibility(q, v):
         A = system.constraint_matrix(q, v)
         return A @ system.inverse_velocity_hessian(q, v) @ A.T
 
-    C = compatibility(q0, v0)
-    traced = is_traced((phi, A, C, v0))
-    xp = jnp if traced else np
+    xp = jnp if is_traced((q0, v0, system)) else np
     phi = xp.asarray(phi)
     data = (q0, v0)
-    # Traced, the second matrix is built again from the data the first check returns, so the
-    # two singular value decompositions run one after the other (the first C is then unused
-    # code).  Under jax.vmap they are batched LAPACK calls, and with jaxlib 0.10 two of them
-    # at once can deadlock XLA:CPU's thread pool (vijax._linalg._SMALL_SPD).
-    for kind, build in (("constraint matrix D2Φ", lambda q, v: A),
-                        ("compatibility matrix C = D2Φ H^-1 D2Φ^T",
-                         compatibility if traced else lambda q, v: C)):
+    # Each matrix is built from the data the check before returned: traced, the singular
+    # value decompositions run one after the other (under jax.vmap two batched LAPACK calls
+    # at once can deadlock XLA:CPU's thread pool with jaxlib 0.10, docs/ensembles.md).
+    for kind, build in (("constraint matrix D2Φ", system.constraint_matrix),
+                        ("compatibility matrix C = D2Φ H^-1 D2Φ^T", compatibility)):
         mat = xp.asarray(build(*data))
         sv = xp.linalg.svd(xp.where(xp.isfinite(mat), mat, 0), compute_uv=False)
         rank = xp.sum(sv > 1e3 * xp.finfo(mat.dtype).eps * xp.maximum(sv[0], 1.0))

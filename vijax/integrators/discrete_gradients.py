@@ -306,12 +306,10 @@ def _metric_solve(g: Float[Array, "m m"], rho: Vector) -> Vector:
     ``m <= 3`` (:func:`vijax._linalg.cramer`; a LAPACK call inside the solver loop cost half
     of a fixed-point step on the CVT gearbox, m = 2: 62 against 27 µs; the closed-form
     inverse times ``ρ``, 4% slower steps than the solution written out), the Cholesky
-    factorisation written out up to ``m = 8`` (:func:`vijax._linalg.spd_solve`), LAPACK
-    above.  (LAPACK's LU for ``m = 6`` had been faster than the pivoted elimination written
-    out -- the quartic system's step with Newton 590--610 against 830--860 µs, with the
-    preconditioned fixed point 63 against 70 µs -- but under ``jax.vmap`` jaxlib 0.10's
-    batched LAPACK kernels deadlock when two run at once (:data:`vijax._linalg._SMALL_SPD`):
-    the chaotic system's ensemble of 1024 members hung.)"""
+    factorisation written out above (:func:`vijax._linalg.spd_solve`: the quartic system's
+    step 0.84x LAPACK's LU, which had been faster than the pivoted elimination written out,
+    63 against 70 µs, and under ``jax.vmap`` no batched LAPACK call, which deadlocked a
+    1024-member ensemble of the chaotic system with jaxlib 0.10)."""
     m = g.shape[-1]
     return _linalg.cramer(g, rho) if m <= 3 else _linalg.spd_solve(g, rho)
 
@@ -752,42 +750,39 @@ class DiscreteGradient(AbstractLinearNonholonomicMethod):
 
         solver = self._solver(q.dtype)
         if self.retrace:
-            z1, stats = solver.solve(residual, self._retraced_root(system, state, h, red, n))
-            miss1 = jnp.zeros_like(miss)   # no prediction: the record restarts
+            # the root the step back found (retracing): no prediction, no preconditioner
+            start, precond, level = self._retraced_root(system, state, h, red, n), None, None
         else:
-            z1, stats, miss1 = self._predicted_solve(solver, residual, red, state, z, zdot,
-                                                     miss, H0, force, h, n)
+            # Predictor and preconditioner: the midpoint step linearised at the midpoint
+            # extrapolated from the last step, ζ̂ = ζ + (h/2) ζ̇ (the force and its derivative
+            # taken along the start velocity).  With J the linearisation's Jacobian at ζ̂ and
+            # P = (I - (h/2) J)⁻¹, the linearised step (I - (h/2) J) d = h (F(ζ̂) + J (ζ - ζ̂))
+            # is d = h ζ̇ + h P (F(ζ̂) - ζ̇).  Against the linearisation at ζ (ζ̇ = 0) this saves
+            # 0.8--2.8 updates per step at h = 0.1 (Gonzalez: CVT gearbox 6.0 -> 5.1, quartic
+            # system 6.4 -> 5.6; on the CVT Itoh--Abe 7.2 -> 4.5, AVF 5.8 -> 4.0), the energy
+            # error unchanged over 3e4 steps.  The predictor serves Newton as well.
+            q_e = q + h * state.v
+            F0, dF = ((None, None) if force is None else
+                      (self._midpoint_force(force, q, q_e, h),
+                       jax.jacfwd(lambda y: self._midpoint_force(force, q, y, h))(q_e)))
+            P, f = red.linearisation(z + (0.5 * h) * zdot, n, h, F0, dF)
+            # ... plus the last step's miss of the same prediction: the miss is a smooth
+            # function of the state, so the sum misses by O(h) less (5.10 -> 4.97 updates per
+            # step on the CVT gearbox, 5.62 -> 5.31 on the quartic system; Gonzalez-R steps
+            # 0.97x, quartic 0.95x in one process)
+            d0 = h * zdot + h * mm(P, f - zdot) + miss
+            start, precond = z + d0, (lambda r: mm(P, r))
+            level = quotient_round_off(self.gradient, H0, d0, z, h,
+                                       solver.tolerances(q.dtype)[1])
+        z1, stats = solver.solve(residual, start, precond, stall_level=level)
         q1, rho1 = z1[:n], z1[n:]
         v1 = red.velocity(q1, rho1)
+        # the prediction's miss, for the next one (a retraced step made none: restart)
+        miss1 = jnp.zeros_like(miss) if self.retrace else z1 - z - d0 + miss
         new = DiscreteGradientState(t=state.t + h, q=q1, p=mm(system.mass_matrix(q1), v1), v=v1,
                                     rho=rho1, signs=state.signs if red.signs is None else red.signs,
                                     zdot=(z1 - z) / h, miss=miss1)
         return new, stats
-
-    def _predicted_solve(self, solver, residual, red, state, z, zdot, miss, H0, force, h, n):
-        """``(ζ', statistics, miss)``: the step's solve from its predictor."""
-        q = state.q
-        # Predictor and preconditioner: the midpoint step linearised at the midpoint
-        # extrapolated from the last step, ζ̂ = ζ + (h/2) ζ̇ (the force and its derivative
-        # taken along the start velocity).  With J the linearisation's Jacobian at ζ̂ and
-        # P = (I - (h/2) J)⁻¹, the linearised step (I - (h/2) J) d = h (F(ζ̂) + J (ζ - ζ̂))
-        # is d = h ζ̇ + h P (F(ζ̂) - ζ̇).  Against the linearisation at ζ (ζ̇ = 0) this saves
-        # 0.8--2.8 updates per step at h = 0.1 (Gonzalez: CVT gearbox 6.0 -> 5.1, quartic
-        # system 6.4 -> 5.6; on the CVT Itoh--Abe 7.2 -> 4.5, AVF 5.8 -> 4.0), the energy
-        # error unchanged over 3e4 steps.  The predictor serves Newton as well.
-        q_e = q + h * state.v
-        F0, dF = ((None, None) if force is None else
-                  (self._midpoint_force(force, q, q_e, h),
-                   jax.jacfwd(lambda y: self._midpoint_force(force, q, y, h))(q_e)))
-        P, f = red.linearisation(z + (0.5 * h) * zdot, n, h, F0, dF)
-        # ... plus the last step's miss of the same prediction: the miss is a smooth function
-        # of the state, so the sum misses by O(h) less (5.10 -> 4.97 updates per step on the
-        # CVT gearbox, 5.62 -> 5.31 on the quartic system; Gonzalez-R steps 0.97x, quartic
-        # 0.95x in one process)
-        d0 = h * zdot + h * mm(P, f - zdot) + miss
-        level = quotient_round_off(self.gradient, H0, d0, z, h, solver.tolerances(q.dtype)[1])
-        z1, stats = solver.solve(residual, z + d0, lambda r: mm(P, r), stall_level=level)
-        return z1, stats, z1 - z - d0 + miss
 
     def _retraced_root(self, system, state, h, red, n):
         """The root of a retraced step (:meth:`retracing`): ``ζ + h ζ̇`` (``ζ̇`` carried from
@@ -796,9 +791,12 @@ class DiscreteGradient(AbstractLinearNonholonomicMethod):
         ``Xᵀ p`` in its own frame)."""
         q1 = state.q + h * state.zdot[:n]
         rho1 = state.rho + h * state.zdot[n:]
-        if self.frame == "qr":
-            p1 = ReducedForm(system, state.signs, self.frame).momentum(q1, rho1)
-            rho1 = jnp.where(jnp.all(red.signs == state.signs), rho1, red.rho(q1, p1))
+        if self.frame == "qr":   # (a branch: the frames at q1 only where the signs changed)
+            def reexpressed():
+                p1 = ReducedForm(system, state.signs, self.frame).momentum(q1, rho1)
+                return red.rho(q1, p1)
+
+            rho1 = jax.lax.cond(jnp.all(red.signs == state.signs), lambda: rho1, reexpressed)
         return jnp.concatenate([q1, rho1])
 
     def _step_full(self, system, state, h, force):
