@@ -7,7 +7,9 @@ The other tree's ``vijax`` package is copied under another name (``vijax_base``;
 imports itself only relatively) and imported beside the working tree's.  Each case is
 compiled once per version (``jax.jit`` of ``vj.simulate``, 20000 steps, ten saves), then the
 two executables are called in alternation, ``--rounds`` times each; the script prints the
-minimum and the median per step of each and their ratios (new / base).
+minimum and the median per step of each and their ratios (new / base).  The compiled
+function returns the saved positions; with ``--whole``, the whole ``Solution`` (states,
+velocities, momenta and solver statistics, as a direct call of ``vj.simulate`` does).
 
 Why: single calls on the 2-core benchmark machine fall on speeds up to 2x apart, between
 calls and between processes, so separate runs of each tree need many alternating processes
@@ -92,14 +94,20 @@ def case_data(vj, case):
     return table[case]
 
 
-def build(vj, case, compiler_options=None):
+def build(vj, case, compiler_options=None, whole=False):
     """``(call, n_steps, executable)``: a compiled ``vj.simulate`` of ``case``, called with
-    its data (compiled with the XLA ``compiler_options``, if given)."""
+    its data (compiled with the XLA ``compiler_options``, if given), returning the saved
+    positions or (``whole``) the ``Solution``."""
     import jax
 
     system, integ, h, args = case_data(vj, case)
-    run = jax.jit(lambda q0, v0: vj.simulate(system, integ, q0=q0, v0=v0, dt=h,
-                                             n_steps=N_STEPS, save_every=N_STEPS // 10).q)
+
+    def run(q0, v0):
+        sol = vj.simulate(system, integ, q0=q0, v0=v0, dt=h, n_steps=N_STEPS,
+                          save_every=N_STEPS // 10)
+        return sol if whole else sol.q
+
+    run = jax.jit(run)
     exe = run.lower(*args).compile(compiler_options=compiler_options)
     return (lambda: jax.block_until_ready(exe(*args))), N_STEPS, exe
 
@@ -109,6 +117,7 @@ def main():
     ap.add_argument("base", help="the other tree (a checkout holding vijax/)")
     ap.add_argument("cases", help=f"comma-separated subset of {','.join(CASES)}")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--whole", action="store_true", help="return the whole Solution")
     args = ap.parse_args()
     cases = args.cases.split(",")
     unknown = sorted(set(cases) - set(CASES))
@@ -125,7 +134,8 @@ def main():
         import vijax_base as base
 
         for case in cases:
-            (fb, n, _), (fn, _, _) = build(base, case), build(new, case)
+            (fb, n, _), (fn, _, _) = (build(base, case, whole=args.whole),
+                                      build(new, case, whole=args.whole))
             fb(), fn()
             tb, tn = [], []
             for _ in range(args.rounds):
