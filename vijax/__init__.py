@@ -25,15 +25,16 @@ from .ensemble import simulate_ensemble
 from ._xla import compiler_options
 from .solvers import ConvergenceError
 from .systems import (ForcedSystem, HolonomicSystem, LagrangianSystem, LieGroupSystem,
-                      MechanicalSystem, NonholonomicSystem, TimeDependentSystem)
+                      MechanicalSystem, NonholonomicSystem, PointMassSystem,
+                      TimeDependentSystem)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "simulate", "simulate_ensemble", "compiler_options", "Solution", "StepStats", "DenseOutput",
     "PrecisionWarning",
-    "LagrangianSystem", "MechanicalSystem", "HolonomicSystem", "NonholonomicSystem",
-    "ForcedSystem", "TimeDependentSystem", "LieGroupSystem",
+    "LagrangianSystem", "MechanicalSystem", "PointMassSystem", "HolonomicSystem",
+    "NonholonomicSystem", "ForcedSystem", "TimeDependentSystem", "LieGroupSystem",
     "AbstractIntegrator", "AbstractDenseIntegrator", "AbstractState", "IncompatibleSystemError",
     "VPRK", "VPRKState", "HolonomicVPRK", "HolonomicState", "NonholonomicVPRK",
     "NonholonomicState", "GalerkinVI", "GalerkinState",
