@@ -9,6 +9,8 @@
   1e-13), with the multiplier of eq. (70) of Wenger et al. (2017).
 * :func:`pendulum_initial`, :func:`double_pendulum_3d_initial`: initial data on ``T C``.
 * :func:`constraint_residuals`: ``max |g(q_k)|`` and ``max |G(q_k) v_k|`` over saved rows.
+* :func:`fitted_order`: the log-log slope of errors against step sizes, every point in the fit.
+* :func:`drift_measures`, :func:`assert_no_drift`: a bounded error tells from a drifting one.
 * :class:`RelativisticParticle`: ``L = -m sqrt(1 - |v|^2) - k |q|^2 / 2``, a Lagrangian whose
   velocity Hessian depends on ``v`` (the inverse Legendre map goes through Newton).
 """
@@ -109,6 +111,45 @@ def spring_pendulum_reference(t, *, k: float, theta0: float, omega0: float = 0.0
     gradv = np.array([0.0, gravity]) + k * (q - c)
     lam = (np.sum(v * v, -1) - np.sum(q * gradv, -1)) / l ** 2
     return Reference(q, v, lam)
+
+
+# An order fit may drop a point only where its error is at round-off (the plateau of
+# :func:`vijax.diagnostics.estimate_order`, about 2e-13, with a decade of margin).
+_PLATEAU = 1e4 * float(np.finfo(np.float64).eps)
+
+
+def fitted_order(hs, errors) -> float:
+    """:func:`vijax.diagnostics.estimate_order`, failing where it dropped a point above
+    round-off: the estimator also drops a smallest-``h`` point whose local slope falls below
+    half the slope before it, so an order test that does not check the points used would pass
+    an order that collapses at the smallest step (errors 1.6e-3, 1e-4, 2.6e-5 at h = 0.2,
+    0.1, 0.05: fitted 4.0 on the first two, last slope 1.9)."""
+    est = vj.diagnostics.estimate_order(hs, errors)
+    errors = np.asarray(errors, dtype=np.float64)
+    assert np.all(errors[~est.used] <= _PLATEAU), (
+        f"a point above round-off dropped from the order fit (an order collapsing at small h?): "
+        f"hs = {list(hs)}, errors = {list(errors)}, used = {est.used}")
+    return est.order
+
+
+def drift_measures(t, err) -> tuple[float, float]:
+    """``(t statistic, accumulated share)`` of the linear drift of ``err`` over ``t``: the slope
+    fitted to 50 block means (:func:`vijax.diagnostics.drift`, which averages a bounded
+    error's oscillation out) over its standard error, and the drift it accumulates over the
+    run as a share of ``max |err|``."""
+    t, err = np.asarray(t, dtype=np.float64), np.asarray(err, dtype=np.float64)
+    fit = vj.diagnostics.drift(t, err)
+    return fit.t_statistic, abs(fit.slope) * (t[-1] - t[0]) / fit.bound
+
+
+def assert_no_drift(t, err, *, share: float = 0.05, label=""):
+    """``err`` bounded without drift: the fitted drift statistically zero (``|t| < 3``) and
+    below ``share`` of the error's magnitude over the run.  (Comparing the maxima of two
+    halves of the run, ``second <= 2 first``, passes a linear drift as large as the
+    oscillation itself.)"""
+    t_stat, accumulated = drift_measures(t, err)
+    assert abs(t_stat) < 3 and accumulated < share, (
+        f"{label}: energy drift t = {t_stat:.2f}, accumulated {accumulated:.3f} of max |err|")
 
 
 def pendulum_initial(theta0: float, omega0: float = 0.0):

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import SpringPendulum
+from helpers import SpringPendulum, drift_measures
 
 import vijax as vj
 
@@ -284,7 +284,9 @@ def test_ball_on_turntable_keeps_its_first_integrals():
     assert np.max(err[:, :3]) < 1e-10, np.max(err[:, :3], axis=0)
     e_mov = err[:, 3]
     assert 1e-12 < np.max(e_mov) < 1e-8
-    assert np.max(e_mov[900:]) < 2 * np.max(e_mov[:100]) + 1e-12     # no drift
+    # no drift: the slope fitted to block means statistically zero (measured t = -0.39; the
+    # signal is noise-like, so the accumulated share, 0.07 here, is within its own error)
+    assert abs(drift_measures(sol.t, integrals[:, 3] - integrals[0, 3])[0]) < 3
     assert np.max(np.abs(jax.vmap(system.nonholonomic)(sol.q, sol.v))) < 1e-12
     R = np.asarray(sol.q[0])
     assert np.max(np.abs(np.einsum("kji,kjl->kil", R, R) - np.eye(3))) < 1e-13
@@ -616,7 +618,11 @@ class _PinnedBody(vj.LieGroupSystem, vj.HolonomicSystem):
 def test_holonomic_constraints_on_se3_give_the_heavy_top():
     """GroupVPRK.lobatto(s) on SE(3) with the pin constraint (their §6.3: stage constraints
     and the tangency condition at the node) converges at order 2s - 2 to the heavy top on SO(3)
-    integrated without constraints, and keeps Φ and its tangency at round-off."""
+    integrated without constraints, its body momentum at 2s - 2 too (against lobatto(4) on the
+    pinned body at h = T/160), and keeps Φ and its tangency at round-off.  The node
+    multiplier carried in the state (the last stage's Λ^s) converges at order s - 1 only, as
+    the raw node multiplier of the vector-space HolonomicVPRK does (test_holonomic.py): it is
+    the predictor's start, not a node approximation of the method's order."""
     pinned = _PinnedBody()
     m, p = pinned.mass, np.asarray(pinned.pin)
     Ic = np.diag(pinned.inertia)
@@ -629,17 +635,21 @@ def test_holonomic_constraints_on_se3_give_the_heavy_top():
     xi0 = jnp.concatenate([-jnp.cross(w0, jnp.asarray(p)), w0])
     T = 1.0
     ref = _run_scan(vj.GroupVPRK.gauss(3), top, R0, w0, T / 80, 80)
+    fine = _run_scan(vj.GroupVPRK.lobatto(4, retraction=vj.lie.Cayley()), pinned, g0, xi0,
+                     T / 160, 160)
     for s in (2, 3):
         integ = vj.GroupVPRK.lobatto(s, retraction=vj.lie.Cayley())
         errs = []
         for n in (10, 20, 40):
             st = _run_scan(integ, pinned, g0, xi0, T / n, n)
-            errs.append([float(jnp.linalg.norm(st.q[:3, :3] - ref.q, 2))])
+            errs.append([float(jnp.linalg.norm(st.q[:3, :3] - ref.q, 2)),
+                         float(jnp.linalg.norm(st.p - fine.p)),
+                         float(jnp.linalg.norm(st.lam - fine.lam))])
             assert float(jnp.max(jnp.abs(pinned.holonomic(st.q)))) < 1e-13
             J = pinned.group.left_jacobian(pinned.holonomic, st.q)
             assert float(jnp.max(jnp.abs(J @ st.v))) < 1e-13
         np.testing.assert_allclose(_slopes((T / 10, T / 20, T / 40), np.array(errs)),
-                                   [2 * s - 2], atol=0.3)
+                                   [2 * s - 2, 2 * s - 2, s - 1], atol=0.3, err_msg=str(errs))
     # and simulate refuses initial data off the constraint
     with pytest.raises(vj.constraints.InconsistentInitialData, match="tangency"):
         vj.simulate(pinned, vj.GroupVPRK.lobatto(2), q0=g0, v0=xi0 + 0.1, dt=0.1, n_steps=1)

@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 from helpers import (
     SpringPendulum,
+    assert_no_drift,
     constraint_residuals,
     double_pendulum_3d_initial,
+    fitted_order,
     pendulum_initial,
     spring_pendulum_reference,
 )
@@ -83,8 +85,8 @@ def test_constrained_lobatto_orders(s, k, references):
         assert hidden <= 1e-12
     expected = 2 * s - 2
     for errs in (eq, ep, el):
-        est = vj.diagnostics.estimate_order(hs, errs)
-        assert abs(est.order - expected) <= 0.3, (s, k, errs, est)
+        order = fitted_order(hs, errs)
+        assert abs(order - expected) <= 0.3, (s, k, errs, order)
 
 
 def test_rattle_is_the_s2_preset():
@@ -169,8 +171,9 @@ def test_gradient_through_rattle_matches_central_differences():
 
 def test_3d_double_pendulum_invariants_and_constraints_every_step():
     """Wenger et al. (2017), §4.2 and eq. (71): angular momentum about the vertical conserved
-    to round-off; constraints at every step; energy bounded (no drift between the two halves
-    of the run)."""
+    to round-off; constraints at every step; energy bounded: no drift statistically (measured
+    t = -0.10 RATTLE, -0.68 Lobatto(3)) and below 5 % of the error's size over the run
+    (measured 0.5 %, 1.8 %)."""
     system = vj.systems.DoublePendulum3D()
     q0, v0 = double_pendulum_3d_initial()
     for integ in (vj.HolonomicVPRK.rattle(), vj.HolonomicVPRK.lobatto(3)):
@@ -181,9 +184,8 @@ def test_3d_double_pendulum_invariants_and_constraints_every_step():
         g, hidden = constraint_residuals(system, sol.q, sol.v)
         assert g <= 1e-12
         assert hidden <= 1e-12
-        de = np.abs(np.asarray(vj.diagnostics.energy_error(system, sol)))
-        first, second = de[: de.size // 2].max(), de[de.size // 2:].max()
-        assert second <= 2.0 * first, (integ.name, first, second)
+        de = np.asarray(vj.diagnostics.energy_error(system, sol))
+        assert_no_drift(sol.t, de, label=integ.name)
 
 
 def test_spherical_and_polar_pendulums_agree_with_the_cartesian_one():
@@ -268,8 +270,8 @@ def test_rattle_predictor_is_exact_to_second_order():
             errs.append(max(float(jnp.max(jnp.abs(V0 - new.stages))),
                             float(jnp.max(jnp.abs(v_next - new.v)))))
     for errs, order in ((new_errs, 2), (old_errs, 1)):
-        est = vj.diagnostics.estimate_order(hs, errs)
-        assert abs(est.order - order) <= 0.2, (errs, est)
+        measured = fitted_order(hs, errs)
+        assert abs(measured - order) <= 0.2, (errs, measured)
     assert new_errs[-1] < 0.1 * old_errs[-1]
 
 

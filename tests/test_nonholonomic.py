@@ -125,7 +125,9 @@ def errors(integ, system, q0, v0, steps, ref, lam0=None):
 
 
 def slopes(hs, errs):
-    return [vj.diagnostics.estimate_order(hs, e).order for e in errs]
+    from helpers import fitted_order
+
+    return [fitted_order(hs, e) for e in errs]
 
 
 def expected_orders(s):

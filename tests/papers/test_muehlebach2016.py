@@ -27,6 +27,8 @@ import vijax as vj
 from vijax.integrators.galerkin import CGVI, DGVI
 from vijax.quadrature import Quadrature
 
+from helpers import assert_no_drift, fitted_order
+
 M, L, G = 1.0, 2.0, 9.81
 PHI0 = 2 * np.pi / 3
 T = 0.3
@@ -92,8 +94,8 @@ def study(system, integ, q_ref, p_ref, counts=COUNTS):
         hs.append(T_FINAL / n)
         eq.append(np.linalg.norm(np.asarray(state.q) - q_ref))
         ep.append(np.linalg.norm(np.asarray(state.p) - p_ref))
-    oq = vj.diagnostics.estimate_order(hs, eq).order
-    op = vj.diagnostics.estimate_order(hs, ep).order
+    oq = fitted_order(hs, eq)
+    op = fitted_order(hs, ep)
     return oq, op, eq, ep
 
 
@@ -244,13 +246,14 @@ def test_table_ii():
 @pytest.mark.slow
 @pytest.mark.parametrize("rule", ["left", "exact"])
 def test_61_energy_1000s(rule):
-    """§6.1, "no energy drift" (1000 s, 3333 steps): fitted slope < 1e-6 J/s and bounded
+    """§6.1, "no energy drift" (1000 s, 3333 steps): no fitted drift and a bounded
     envelope (max deviation < 3e-3 J left rule, < 1.5e-3 J exact integrals)."""
     integ = DGVI(3, RECT, kinetic_quadrature=3) if rule == "left" else DGVI(3, 20)
     sol = vj.simulate(PEND, integ, q0=Q0, p0=P0, dt=T, n_steps=3333, throw=True)
     e = pendulum_energy(sol)
-    fit = vj.diagnostics.drift(np.asarray(sol.t), e - 9.81)
-    assert abs(fit.slope) < 1e-6
+    # statistically no drift, and below 2 % of the deviation over the run (a slope bound of
+    # 1e-6 J/s alone passed a drift of 2e-4 J with t = 105)
+    assert_no_drift(sol.t, e - 9.81, share=0.02, label=rule)
     assert np.max(np.abs(e - 9.81)) < (3e-3 if rule == "left" else 1.5e-3)
     first, last = e[: len(e) // 10], e[-len(e) // 10:]
     assert np.ptp(last) < 1.5 * np.ptp(first)  # the envelope does not grow
