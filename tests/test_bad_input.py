@@ -241,6 +241,23 @@ CASES = [
          (Q0,), ValueError, ("symplectic-conjugate", "symplectic_pair"), STATIC),
     Case("gauss-for-constraints", lambda q: sim(q0=q, integrator=vj.HolonomicVPRK(
         vj.tableaus.gauss(2))), (Q0,), ValueError, ("a_1j = 0",), STATIC),
+    # --- dtypes a run cannot compute in, solver settings (static) ------------------------------
+    Case("half-precision-q0", lambda q, v: sim(q0=q, v0=v),
+         (Q0.astype(jnp.float16), V0.astype(jnp.float16)), TypeError,
+         ("float16", "float32 or float64"), STATIC),
+    Case("complex-dt", lambda d: sim(dt=d), (jnp.asarray(0.1 + 0.5j),), TypeError,
+         ("dt has dtype complex", "real number"), STATIC),
+    Case("boolean-t0", lambda t: sim(t0=t), (jnp.asarray(True),), TypeError,
+         ("t0 has dtype bool", "real number"), STATIC),
+    Case("solver-class-not-instance", lambda q: sim(q0=q, integrator=vj.HolonomicVPRK(
+        RATTLE.tableau, solver=vj.solvers.Newton), system=S.CartesianPendulum()), (CQ0,),
+         TypeError, (NO_INSTANCE, "solver=Newton()"), STATIC),
+    Case("solver-without-iterations", lambda q: sim(q0=q, integrator=vj.VPRK.gauss(
+        2, solver=vj.solvers.FixedPoint(max_steps=0))), (Q0,), ValueError,
+         ("max_steps must be an int >= 1",), STATIC),
+    Case("solver-negative-tolerance", lambda q: sim(q0=q, integrator=vj.VPRK.gauss(
+        2, solver=vj.solvers.FixedPoint(rtol=-1.0))), (Q0,), ValueError,
+         ("rtol must be a finite number >= 0",), STATIC),
 ]
 
 
@@ -280,6 +297,32 @@ def test_bad_input_under_jit(case, request):
     with pytest.raises(Exception) as info:
         jax.block_until_ready(jitted(*case.args))
     _check_message(str(info.value), case)
+
+
+@pytest.mark.parametrize("wrt", ["q0", "dt", "parameter"])
+def test_derivatives_without_jit_name_the_bad_input(wrt):
+    """Under jax.grad without jit a check's flag can be concrete while the values it was
+    computed from are tracers: the check raises its own message, not JAX's conversion error
+    from formatting a tracer into it."""
+    loss = {
+        "q0": lambda x: sim(q0=x)[-1, 0],
+        "dt": lambda x: sim(dt=x)[-1, 0],
+        "parameter": lambda x: sim(system=S.Pendulum(l=x))[-1, 0],
+    }[wrt]
+    bad = {"q0": jnp.array([NAN]), "dt": -0.1, "parameter": NAN}[wrt]
+    fragment = {"q0": "q0 contains non-finite", "dt": FINITE_DT[0],
+                "parameter": "Pendulum.l is not finite"}[wrt]
+    with pytest.raises(ValueError, match=fragment):
+        jax.grad(loss)(bad)
+
+
+def test_ensemble_clock_follows_q0():
+    """simulate_ensemble computes in q0's dtype, as simulate does: a float32 v0 beside a
+    float64 q0 does not put the clock in float32."""
+    q0 = jnp.linspace(0.1, 1.0, 4)[:, None]
+    sol = vj.simulate_ensemble(PEND, GAUSS2, q0=q0, v0=jnp.zeros((4, 1), jnp.float32), dt=0.1,
+                               n_steps=10, batch_size=np.int64(2))
+    assert sol.t.dtype == jnp.float64 and float(sol.t[0, -1]) == 1.0
 
 
 def test_in_graph_checks_under_filter_jit_raise_equinox_runtime_error():
@@ -439,7 +482,11 @@ _PRECISION_SCRIPT = textwrap.dedent("""
         run(q0=jnp.array([1.0]), v0=jnp.zeros(1))                         # already JAX arrays
         vj.simulate(P, G, q0=jnp.array([1.0]), v0=jnp.zeros(1), dt=0.05, n_steps=2)  # float dt
         out["before"] = len(caught)
-        sol = run(q0=sys.argv[1] == "list" and [1.0] or np.array([1.0]), v0=np.zeros(1))
+        if sys.argv[1] == "ensemble":
+            sol = vj.simulate_ensemble(P, G, q0=np.array([[1.0]]), v0=np.zeros((1, 1)), dt=0.1,
+                                       n_steps=2)
+        else:
+            sol = run(q0=sys.argv[1] == "list" and [1.0] or np.array([1.0]), v0=np.zeros(1))
         out["dtype"] = str(sol.q.dtype)
         run(q0=np.array([1.0]), v0=np.zeros(1))                           # once per process
         out["messages"] = [str(w.message) for w in caught]
@@ -451,7 +498,7 @@ _PRECISION_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("form", ["numpy", "list"])
+@pytest.mark.parametrize("form", ["numpy", "list", "ensemble"])
 def test_float64_input_without_x64_warns_once(form, tmp_path):
     script = tmp_path / "precision.py"
     script.write_text(_PRECISION_SCRIPT)

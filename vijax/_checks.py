@@ -48,5 +48,18 @@ def refuse(x, bad, message, eager=None, exc=ValueError, index=0):
         arrays, rest = eqx.partition(x, eqx.is_array)  # Python scalars stay as they are
         return eqx.combine(_error_if(arrays, bad, index, messages), rest)
     if bool(np.any(np.asarray(bad))):
-        raise exc(messages[int(index)] if eager is None else eager())
+        raise exc(_eager_message(messages, index, eager))
     return x
+
+
+def _eager_message(messages, index, eager):
+    """``eager()`` (the message with the concrete values), or the plain message where the
+    values are tracers: under ``jax.grad``/``jax.jvp`` without ``jit`` the flag can be concrete
+    while the values it was computed from are not (formatting them would raise JAX's
+    conversion error instead of this one)."""
+    try:
+        return messages[int(index)] if eager is None else eager()
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError,
+            jax.errors.TracerBoolConversionError, jax.errors.TracerIntegerConversionError,
+            TypeError):
+        return messages[0 if is_traced(index) else int(index)]

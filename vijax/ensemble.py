@@ -19,6 +19,7 @@ inputs reduces every stage loop's convergence test over all devices, and a faili
 from __future__ import annotations
 
 import importlib.metadata
+import numbers
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Union
@@ -32,7 +33,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from . import _xla
 from ._typing import ScalarLike
 from .integrators import AbstractIntegrator
-from .simulate import Solution, simulate
+from .simulate import Solution, _dtype_of, _real_scalar, _warn_precision, simulate
 from .systems import LagrangianSystem, LieGroupSystem
 
 __all__ = ["simulate_ensemble"]
@@ -106,6 +107,7 @@ def simulate_ensemble(
     if (v0 is None) == (p0 is None):
         raise ValueError("Give exactly one of v0 (initial velocities) and p0 (initial momenta), "
                          "each with one row per member, shaped like q0.")
+    _warn_precision(q0=q0, v0=v0, p0=p0, dt=dt)
     x0 = v0 if p0 is None else p0
     name = "v0" if p0 is None else "p0"
     if isinstance(system, LieGroupSystem):
@@ -119,13 +121,18 @@ def simulate_ensemble(
                              f"call vijax.simulate.")
         if x0.shape != q0.shape:
             raise ValueError(f"{name} must have the shape of q0, {q0.shape}, got {x0.shape}.")
-    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+    if batch_size is not None and (not isinstance(batch_size, numbers.Integral)
+                                   or isinstance(batch_size, bool) or batch_size < 1):
         raise ValueError(f"batch_size must be a positive int (members per chunk), got "
                          f"{batch_size!r}.")
+    if batch_size is not None:
+        batch_size = int(batch_size)
     count = x0.shape[0]
     params, system = _split_system(system, system_axes, count)
     members = (params, q0, x0)
-    shared = (system, integrator, jnp.asarray(dt, x0.dtype), jnp.asarray(t0, x0.dtype),
+    # the clock in the dtype the run follows, q0's (as vijax.simulate does)
+    dtype = _dtype_of(q0)
+    shared = (system, integrator, _real_scalar("dt", dt, dtype), _real_scalar("t0", t0, dtype),
               controls)
     mesh = _mesh(devices)
     if mesh is not None:

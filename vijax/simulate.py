@@ -224,10 +224,10 @@ def _vector(name: str, x, ndim_expected: Optional[int]) -> Array:
             f"{name} must be a 1-D array of generalised coordinates, got shape {x.shape}; "
             f"for an ensemble, jax.vmap over simulate instead of stacking initial conditions."
         )
-    if not jnp.issubdtype(x.dtype, jnp.floating):
+    if x.dtype not in _WORKING_DTYPES:
         raise TypeError(
-            f"{name} has dtype {x.dtype}; pass floating-point values, e.g. "
-            f"jnp.asarray({name}, dtype=jnp.float64) (with jax_enable_x64) or float32."
+            f"{name} has dtype {x.dtype}; pass floating-point values (float32 or float64), "
+            f"e.g. jnp.asarray({name}, dtype=jnp.float64) (with jax_enable_x64) or float32."
         )
     if ndim_expected is not None and x.shape[0] != ndim_expected:
         raise ValueError(f"{name} has {x.shape[0]} component{'s' if x.shape[0] != 1 else ''} "
@@ -271,9 +271,27 @@ def _group_element(system, q0):
         raise ValueError(f"q0 must be an element of {type(group).__name__} for "
                          f"{type(system).__name__}: {err}.") from None
     for x in jax.tree_util.tree_leaves(q0):
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise TypeError(f"q0 has dtype {x.dtype}; pass floating-point values.")
+        if x.dtype not in _WORKING_DTYPES:
+            raise TypeError(f"q0 has dtype {x.dtype}; pass floating-point values (float32 or "
+                            f"float64).")
     return q0
+
+
+# The dtypes a run computes in: LAPACK (the larger solves, the SVDs of the checks) has no
+# half-precision kernels, and half precision cannot resolve a step's stage equations anyway.
+_WORKING_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _real_scalar(name: str, x, dtype):
+    """``x`` as a scalar of the working ``dtype``, refusing complex and boolean values (a cast
+    would drop the imaginary part, or read ``True`` as 1)."""
+    raw = jnp.asarray(x)
+    if not (jnp.issubdtype(raw.dtype, jnp.floating) or jnp.issubdtype(raw.dtype, jnp.integer)):
+        raise TypeError(f"{name} has dtype {raw.dtype}; pass a real number.")
+    x = raw.astype(dtype)
+    if x.ndim != 0:
+        raise ValueError(f"{name} must be a scalar, got shape {x.shape}.")
+    return x
 
 
 # -- checks on values: raised at once on concrete values, in the graph on traced ones ----------
@@ -1000,12 +1018,8 @@ def _check_values(system, integrator, *, q0, v0, p0, dt, t0, project, controls):
         q0 = _vector("q0", q0, system.ndim)
         x0 = _check_shapes(q0, v0, p0)
     dtype = x0.dtype
-    dt = jnp.asarray(dt, dtype)
-    if dt.ndim != 0:
-        raise ValueError(f"dt must be a scalar, got shape {dt.shape}.")
-    t0 = jnp.asarray(t0, dtype)
-    if t0.ndim != 0:
-        raise ValueError(f"t0 must be a scalar, got shape {t0.shape}.")
+    dt = _real_scalar("dt", dt, dtype)
+    t0 = _real_scalar("t0", t0, dtype)
 
     # Checks on values: raised here on concrete values, in the graph (eqx.error_if) on traced
     # ones, with the same wording; each guards all the inputs of the run.
@@ -1019,8 +1033,9 @@ def _check_values(system, integrator, *, q0, v0, p0, dt, t0, project, controls):
         inputs.refuse(*check)
     inputs.refuse(*_finite("q0", q0, "initial coordinates"))
     if controls is not None:
-        if not jnp.issubdtype(controls.dtype, jnp.number):
-            raise TypeError(f"controls has dtype {controls.dtype}; pass numbers.")
+        if not (jnp.issubdtype(controls.dtype, jnp.floating)
+                or jnp.issubdtype(controls.dtype, jnp.integer)):
+            raise TypeError(f"controls has dtype {controls.dtype}; pass real numbers.")
         inputs.set(controls=controls.astype(dtype))
         inputs.refuse(*_finite("controls", inputs.controls, "controls"))
     if project:

@@ -25,6 +25,7 @@ comparison).  A derivative through a solve that did not converge is NaN.
 from __future__ import annotations
 
 import abc
+import numbers
 from collections.abc import Callable
 from typing import ClassVar, Optional, Union
 
@@ -418,6 +419,27 @@ class AbstractRootSolver(eqx.Module):
     #: ``True`` for a quadratically converging iteration (Newton): its rates fall, so the
     #: last is the slower, and the stopping test takes it alone (see :meth:`_two_rates`).
     _quadratic: ClassVar[bool] = False
+
+    def __check_init__(self):
+        name = type(self).__name__
+        if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, numbers.Integral) \
+                or self.max_steps < 1:
+            raise ValueError(f"{name}: max_steps must be an int >= 1, got {self.max_steps!r}.")
+        if self.min_steps is not None and (
+                isinstance(self.min_steps, bool)
+                or not isinstance(self.min_steps, numbers.Integral) or self.min_steps < 0):
+            raise ValueError(f"{name}: min_steps must be None or an int >= 0, got "
+                             f"{self.min_steps!r}.")
+        for field in ("rtol", "atol", "kappa"):
+            value = getattr(self, field)
+            try:   # concrete values only: a traced tolerance is the caller's
+                bad = value is not None and not 0 <= float(value) < float("inf")
+            except (TypeError, jax.errors.ConcretizationTypeError):
+                continue
+            if bad or (field == "kappa" and float(value) == 0):
+                raise ValueError(f"{name}: {field} must be a finite number "
+                                 f"{'> 0' if field == 'kappa' else '>= 0'}, got {value!r}"
+                                 f"{'' if field == 'kappa' else ' (None: 10 eps of the dtype)'}.")
 
     def _default_min_steps(self) -> dict:
         """``min_steps`` when it is ``None``, per :func:`jax.default_backend` (others:

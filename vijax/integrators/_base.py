@@ -21,7 +21,7 @@ from jaxtyping import Array, Float
 
 from .._typing import DenseLayout, ScalarLike, Stages, Vector
 from ..interpolation import DenseInterpolation
-from ..solvers import SolverStats
+from ..solvers import AbstractRootSolver, SolverStats
 from ..systems import LagrangianSystem, capabilities
 from ._forcing import stage_force
 
@@ -70,6 +70,16 @@ class AbstractIntegrator(eqx.Module):
     system_type: ClassVar[type] = LagrangianSystem
     supported: ClassVar[frozenset] = frozenset()
     required: ClassVar[frozenset] = frozenset()
+
+    def __check_init__(self):
+        solver = getattr(self, "solver", None)  # a field of most families, never a capability
+        if solver is None or isinstance(solver, AbstractRootSolver):
+            return
+        if isinstance(solver, type) and issubclass(solver, AbstractRootSolver):
+            raise TypeError(f"{type(self).__name__}: solver={solver.__name__} is the class; pass "
+                            f"an instance, e.g. solver={solver.__name__}().")
+        raise TypeError(f"{type(self).__name__}: solver must be a vijax.solvers solver "
+                        f"instance (e.g. vijax.solvers.Newton()), got {solver!r}.")
 
     @property
     @abc.abstractmethod
