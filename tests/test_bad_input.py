@@ -80,6 +80,32 @@ class Oscillator2(vj.LagrangianSystem):
         return 0.5 * jnp.vdot(v[:2], v[:2]) - 0.5 * jnp.vdot(q[:2], q[:2])
 
 
+class VectorLagrangian(vj.LagrangianSystem):
+    """A Lagrangian returning its terms per coordinate instead of their sum."""
+
+    def lagrangian(self, q, v):
+        return 0.5 * v**2 - 0.5 * q**2
+
+
+class VectorMassMatrix(vj.MechanicalSystem):
+    """A mass matrix given as its diagonal."""
+
+    def mass_matrix(self, q):
+        return jnp.ones(q.shape[0], q.dtype)
+
+    def potential(self, q):
+        return 0.5 * jnp.vdot(q, q)
+
+
+class BoundedKinetic(vj.LagrangianSystem):
+    """L = -cos(v) - q^2 / 2: the momentum sin(v) never exceeds 1."""
+
+    ndim: ClassVar[Optional[int]] = 1
+
+    def lagrangian(self, q, v):
+        return -jnp.cos(v[0]) - 0.5 * q[0] ** 2
+
+
 class DoubledConstraint(S.AbstractCartesianPendulum):
     """The same constraint twice: a rank-deficient constraint Jacobian."""
 
@@ -241,6 +267,18 @@ CASES = [
          (Q0,), ValueError, ("symplectic-conjugate", "symplectic_pair"), STATIC),
     Case("gauss-for-constraints", lambda q: sim(q0=q, integrator=vj.HolonomicVPRK(
         vj.tableaus.gauss(2))), (Q0,), ValueError, ("a_1j = 0",), STATIC),
+    Case("p0-outside-the-range-of-the-legendre-map",
+         lambda q, p: vj.simulate(BoundedKinetic(), GAUSS2, q0=q, p0=p, dt=1e-4, n_steps=3).q,
+         (jnp.array([0.1]), jnp.array([2.0])), ValueError,
+         ("inverse Legendre map of BoundedKinetic failed", "outside the range",
+          "Pass v0 instead of p0"), VALUE),
+    # --- what the user's model returns (static: jax.eval_shape) -------------------------------
+    Case("lagrangian-not-a-scalar", lambda q, v: sim(system=VectorLagrangian(), q0=q, v0=v),
+         (jnp.ones(2), jnp.zeros(2)), ValueError,
+         ("VectorLagrangian.lagrangian(q, v) returned shape (2,)", "real scalar"), STATIC),
+    Case("mass-matrix-as-a-vector", lambda q, v: sim(system=VectorMassMatrix(), q0=q, v0=v),
+         (jnp.ones(2), jnp.zeros(2)), ValueError,
+         ("VectorMassMatrix.mass_matrix(q) returned shape (2,)", "2 x 2 mass matrix"), STATIC),
     # --- dtypes a run cannot compute in, solver settings (static) ------------------------------
     Case("half-precision-q0", lambda q, v: sim(q0=q, v0=v),
          (Q0.astype(jnp.float16), V0.astype(jnp.float16)), TypeError,

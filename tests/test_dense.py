@@ -142,3 +142,19 @@ def test_errors_name_the_fix():
     lobatto_b = vj.VPRK(vj.tableaus.symplectic_pair(vj.tableaus.lobatto_iiib(3)))
     with pytest.raises(ValueError, match="collocation"):
         vj.simulate(PEND, lobatto_b, q0=q0, v0=v0, dt=0.1, n_steps=2, dense=True)
+
+
+def test_evaluate_refuses_times_outside_the_run():
+    """Dense output does not extrapolate: times before t0, after the last step, or NaN are an
+    error (eagerly and under jit), not the clamped end value; a 2-D array of times too."""
+    sol = vj.simulate(vj.systems.Pendulum(), vj.VPRK.gauss(3), q0=jnp.array([1.0]),
+                      v0=jnp.array([0.0]), dt=0.1, n_steps=10, dense=True)
+    for t in (100.0, -1.0, float("nan"), jnp.array([0.5, 1.5])):
+        with pytest.raises(ValueError, match="does not extrapolate"):
+            sol.evaluate(t)
+    with pytest.raises(Exception, match="does not extrapolate"):
+        jax.block_until_ready(jax.jit(lambda t: sol.evaluate(t).q)(1.5))
+    with pytest.raises(ValueError, match="1-D array of times"):
+        sol.evaluate(jnp.zeros((2, 2)))
+    ends = sol.evaluate(jnp.array([0.0, 1.0]))   # the ends themselves are in the run
+    np.testing.assert_allclose(ends.q, sol.q[jnp.array([0, -1])], atol=1e-14)

@@ -22,7 +22,7 @@ from ._typing import ScalarLike, Times, VectorLike
 from .integrators._base import AbstractDenseIntegrator, AbstractIntegrator, registry
 from .interpolation import DenseInterpolation, DenseOutput
 from .solvers import STAGE_ROOT, ConvergenceError
-from .systems import ForcedSystem, LagrangianSystem, LieGroupSystem
+from .systems import ForcedSystem, LagrangianSystem, LieGroupSystem, MechanicalSystem
 
 __all__ = ["simulate", "Solution", "StepStats", "PrecisionWarning"]
 
@@ -71,10 +71,28 @@ class Solution(eqx.Module):
     def evaluate(self, t: Union[ScalarLike, Times], derivative: bool = False) -> DenseOutput:
         """Dense output at the times ``t`` (scalar or 1-D): ``q``, ``p`` and, where the method
         defines them, ``v`` and ``pg``, from the polynomials the method solved for on each step
-        (:mod:`vijax.interpolation`).  Needs ``simulate(..., dense=True)``."""
+        (:mod:`vijax.interpolation`).  Needs ``simulate(..., dense=True)``.  The times must lie
+        in the run, ``[t[0], t[-1]]``: the polynomials do not extrapolate (an error, raised
+        at once or, under ``jit``, in the graph)."""
         if self.interpolation is None:
             raise ValueError("this Solution has no dense output: run simulate(..., dense=True) "
                              "with an integrator that has it (a vijax.AbstractDenseIntegrator).")
+        t = jnp.asarray(t, self.t.dtype)
+        if t.ndim > 1:
+            raise ValueError(f"evaluate takes a time or a 1-D array of times, got shape "
+                             f"{t.shape}; pass t.ravel() and reshape the result.")
+        lo, hi = self.t[0], self.t[-1]
+        slack = 1e-9 * (hi - lo)
+        outside = ~((t >= lo - slack) & (t <= hi + slack))   # NaN is outside too
+
+        def eager():
+            got = np.atleast_1d(np.asarray(t))[np.atleast_1d(np.asarray(outside))][:3]
+            return (f"evaluate: times must lie in the run [{float(lo)}, {float(hi)}] (dense "
+                    f"output does not extrapolate), got {got}; pass times within the run.")
+
+        t = _refuse(t, jnp.any(outside),
+                    "evaluate: a time lies outside the run [t[0], t[-1]] (or is NaN); dense "
+                    "output does not extrapolate: pass times within the run.", eager)
         return self.interpolation.evaluate(t, derivative)
 
     @property
@@ -1006,6 +1024,38 @@ def _controls(system, integrator, controls, n_steps: int, q0, t0, dt):
     return U
 
 
+def _check_model_shapes(system, q0, x0, t0, lie: bool):
+    """The shapes of what the user's model returns (:func:`jax.eval_shape`, nothing runs): the
+    Lagrangian and the potential a real scalar, the mass matrix ``n x n``.  Otherwise the
+    first derivative taken of them fails inside JAX ("Gradient only defined for
+    scalar-output functions"), differently eagerly and under ``jit``."""
+    name = type(system).__name__
+    at_t0 = system.at(t0)
+
+    def returned(method, *args):
+        try:
+            return jax.eval_shape(getattr(at_t0, method), *args)
+        except Exception:  # noqa: BLE001 -- its own error surfaces where the run calls it
+            return None
+
+    def refuse(method, args, out, want, what):
+        shape = getattr(out, "shape", None)
+        real = shape is not None and jnp.issubdtype(out.dtype, jnp.floating)
+        if out is not None and (shape != want or not real):
+            got = (f"shape {shape} ({out.dtype})" if shape is not None
+                   else type(out).__name__)
+            raise ValueError(f"{name}.{method}({args}) returned {got}; it must return {what}.")
+
+    if isinstance(system, MechanicalSystem) and not lie:
+        n = q0.shape[0]
+        refuse("mass_matrix", "q", returned("mass_matrix", q0), (n, n),
+               f"the {n} x {n} mass matrix M(q) (real floating point)")
+        refuse("potential", "q", returned("potential", q0), (),
+               "the potential energy as a real scalar")
+    refuse("lagrangian", "g, xi" if lie else "q, v", returned("lagrangian", q0, x0), (),
+           "the Lagrangian's value as a real scalar (e.g. a sum, not a vector of terms)")
+
+
 def _check_values(system, integrator, *, q0, v0, p0, dt, t0, project, controls):
     """Shapes and dtypes (at trace time under jit), then the checks on values: raised at once
     on concrete values, carried in the graph on traced ones.  Returns ``(system, q0, v0, dt,
@@ -1020,6 +1070,7 @@ def _check_values(system, integrator, *, q0, v0, p0, dt, t0, project, controls):
     dtype = x0.dtype
     dt = _real_scalar("dt", dt, dtype)
     t0 = _real_scalar("t0", t0, dtype)
+    _check_model_shapes(system, q0, x0, t0, lie)
 
     # Checks on values: raised here on concrete values, in the graph (eqx.error_if) on traced
     # ones, with the same wording; each guards all the inputs of the run.
@@ -1058,12 +1109,18 @@ def _check_values(system, integrator, *, q0, v0, p0, dt, t0, project, controls):
         inputs.refuse(*_finite("p0", x0, "initial momenta"))
         bad, messages, eager, index = _regular(system, inputs.q0, jnp.zeros_like(x0))
         inputs.refuse(bad, messages, eager, index=index)
-        v0 = inputs.system.at(inputs.t0).velocity(inputs.q0, inputs.x0)
+        at_t0 = inputs.system.at(inputs.t0)
+        v0 = at_t0.velocity(inputs.q0, inputs.x0)
         name = type(system).__name__
+        # the velocity found must map back to p0: a p0 outside the range of v -> D2L(q0, v)
+        # leaves Newton at a nearby v whose momentum is another (a bounded kinetic term)
+        gap = jnp.max(jnp.abs(at_t0.momentum(inputs.q0, v0) - inputs.x0))
+        tol = float(jnp.finfo(dtype).eps) ** 0.5 * (1.0 + jnp.max(jnp.abs(inputs.x0)))
         inputs.refuse(
-            _nonfinite(v0),
+            _nonfinite(v0) | ~(gap <= tol),
             f"The inverse Legendre map of {name} failed at (q0, p0): no velocity with "
-            f"D2L(q0, v) = p0 was found from v = 0. Pass v0 instead of p0, or override "
+            f"D2L(q0, v) = p0 was found from v = 0 (p0 may lie outside the range of the "
+            f"Legendre map). Pass v0 instead of p0, or override "
             f"{name}.velocity(q, p, v_guess) with a closed form.")
         inputs.set(v0=v0)
     if project:
