@@ -272,6 +272,9 @@ CASES = [
          (jnp.array([0.1]), jnp.array([2.0])), ValueError,
          ("inverse Legendre map of BoundedKinetic failed", "outside the range",
           "Pass v0 instead of p0"), VALUE),
+    Case("clock-does-not-advance", lambda q, v, d, t: sim(q0=q, v0=v, dt=d, t0=t),
+         (Q0.astype(jnp.float32), V0.astype(jnp.float32), jnp.float32(0.1), jnp.float32(1e8)),
+         ValueError, ("below the resolution of t0", "clock would not advance"), VALUE),
     # --- what the user's model returns (static: jax.eval_shape) -------------------------------
     Case("lagrangian-not-a-scalar", lambda q, v: sim(system=VectorLagrangian(), q0=q, v0=v),
          (jnp.ones(2), jnp.zeros(2)), ValueError,

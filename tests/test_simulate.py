@@ -188,8 +188,9 @@ def test_float32_inputs_give_float32_outputs():
     assert bool(sol.stats.all_converged)
     ref = pendulum()
     np.testing.assert_allclose(sol.q, ref.q, rtol=1e-5, atol=1e-5)
-    # the working dtype is q0's: a float64 v0 (or dt) is cast to it
-    mixed = pendulum(q0=q0, v0=V0, dt=jnp.float64(0.1))
+    # the working dtype is q0's: a float64 v0 (or dt) is rounded to it, with a warning
+    with pytest.warns(vj.PrecisionWarning, match="v0, dt are float64 but q0 is float32"):
+        mixed = pendulum(q0=q0, v0=V0, dt=jnp.float64(0.1))
     assert mixed.q.dtype == mixed.v.dtype == mixed.p.dtype == jnp.float32
     # p0 instead of v0
     from_p0 = pendulum(q0=q0, v0=None, p0=PENDULUM.momentum(q0, v0))

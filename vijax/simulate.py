@@ -1024,6 +1024,21 @@ def _controls(system, integrator, controls, n_steps: int, q0, t0, dt):
     return U
 
 
+def _warn_narrowing(dtype, **inputs) -> None:
+    """A :class:`PrecisionWarning` when float64 arrays are passed to a float32 run (the run
+    follows ``q0``'s dtype): their values are rounded, silently otherwise."""
+    if dtype != np.float32 or not jax.config.jax_enable_x64:  # without x64: _warn_precision
+        return
+    wide = [name for name, x in inputs.items()
+            if isinstance(x, (np.ndarray, np.generic, jax.Array)) and x.dtype == np.float64]
+    if wide:
+        warnings.warn(
+            f"{', '.join(wide)} {'is' if len(wide) == 1 else 'are'} float64 but q0 is float32, "
+            f"and a run computes in q0's dtype: {'it is' if len(wide) == 1 else 'they are'} "
+            f"rounded to float32. Pass q0 as float64 to compute in float64.",
+            PrecisionWarning, stacklevel=4)
+
+
 def _check_model_shapes(system, q0, x0, t0, lie: bool):
     """The shapes of what the user's model returns (:func:`jax.eval_shape`, nothing runs): the
     Lagrangian and the potential a real scalar, the mass matrix ``n x n``.  Otherwise the
@@ -1068,6 +1083,7 @@ def _check_values(system, integrator, *, q0, v0, p0, dt, t0, project, controls):
         q0 = _vector("q0", q0, system.ndim)
         x0 = _check_shapes(q0, v0, p0)
     dtype = x0.dtype
+    _warn_narrowing(dtype, v0=v0, p0=p0, dt=dt, t0=t0)
     dt = _real_scalar("dt", dt, dtype)
     t0 = _real_scalar("t0", t0, dtype)
     _check_model_shapes(system, q0, x0, t0, lie)
@@ -1080,6 +1096,13 @@ def _check_values(system, integrator, *, q0, v0, p0, dt, t0, project, controls):
         "dt must be positive and finite; pass a step size dt > 0.",
         lambda: f"dt must be positive and finite, got {float(dt)}; pass a step size dt > 0.")
     inputs.refuse(*_finite("t0", t0, "initial time"))
+    inputs.refuse(
+        t0 + dt == t0,
+        f"dt is below the resolution of t0 in {dtype}: t0 + dt == t0, so the clock would not "
+        f"advance; pass a larger dt, a t0 nearer 0, or float64 inputs.",
+        lambda: f"dt = {float(dt)} is below the resolution of t0 = {float(t0)} in {dtype}: "
+                f"t0 + dt == t0, so the clock would not advance; pass a larger dt, a t0 nearer "
+                f"0, or float64 inputs.")
     for check in _parameter_checks(system):
         inputs.refuse(*check)
     inputs.refuse(*_finite("q0", q0, "initial coordinates"))
