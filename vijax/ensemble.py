@@ -34,6 +34,7 @@ from . import _xla
 from ._typing import ScalarLike
 from .integrators import AbstractIntegrator
 from .simulate import Solution, _dtype_of, _real_scalar, _warn_precision, simulate
+from .solvers import ConvergenceError
 from .systems import LagrangianSystem, LieGroupSystem
 
 __all__ = ["simulate_ensemble"]
@@ -99,8 +100,9 @@ def simulate_ensemble(
     ``n_steps``, ``save_every``, ``batch_size``, ``system_axes``, the devices); ``dt``,
     ``t0``, the initial states and array-valued system parameters are traced, so new values
     reuse the compilation.  With ``throw=True`` a stage solve that fails in any member raises
-    (a runtime error of the compiled call); with ``throw=False`` each member's ``sol.stats``
-    records it.  ``controls`` (a :class:`vijax.ForcedSystem` with controls) are shared by
+    :class:`vijax.ConvergenceError` naming the failed members and the first one's step, time
+    and residual (called on concrete values; under your own ``jit``, a runtime error of the
+    compiled call); with ``throw=False`` each member's ``sol.stats`` records it.  ``controls`` (a :class:`vijax.ForcedSystem` with controls) are shared by
     every member, in any form :func:`vijax.simulate` takes; for controls that differ per
     member, ``jax.vmap`` :func:`vijax.simulate` over them.
     """
@@ -134,18 +136,45 @@ def simulate_ensemble(
     dtype = _dtype_of(q0)
     shared = (system, integrator, _real_scalar("dt", dt, dtype), _real_scalar("t0", t0, dtype),
               controls)
+    # Called on concrete values, a failed solve is reported from the statistics, naming the
+    # member, the step and its time (in the graph, under the caller's jit, it is an error_if
+    # that can name neither).
+    concrete = not any(isinstance(x, jax.core.Tracer)
+                       for x in jax.tree_util.tree_leaves((members, shared)))
+    in_graph = throw and not concrete
     mesh = _mesh(devices)
     if mesh is not None:
         members, shared = _place(members, shared, mesh)
     threads = 1 if mesh is not None else _cpu_threads(members, count, n_steps)
     if threads > 1:
-        return _run_threads(members, shared, threads, count, name, n_steps, save_every,
-                            batch_size, throw, project)
-    sol = _runner()(members, shared, mesh, name, n_steps, save_every, batch_size, throw,
-                    project)
-    if sol.q.shape[0] != count:
-        sol = _unpad(sol, count, mesh)
+        sol = _run_threads(members, shared, threads, count, name, n_steps, save_every,
+                           batch_size, in_graph, project)
+    else:
+        sol = _runner()(members, shared, mesh, name, n_steps, save_every, batch_size, in_graph,
+                        project)
+        if sol.q.shape[0] != count:
+            sol = _unpad(sol, count, mesh)
+    if throw and concrete:
+        _raise_if_members_failed(sol, integrator, shared[3], shared[2], save_every)
     return sol
+
+
+def _raise_if_members_failed(sol: Solution, integrator, t0, dt, save_every: int) -> None:
+    ok = np.asarray(sol.stats.converged).reshape(sol.q.shape[0], -1)
+    failed = np.flatnonzero(~ok.all(axis=1))
+    if failed.size == 0:
+        return
+    m = int(failed[0])
+    steps = np.asarray(sol.stats.failed_step)[m]
+    k = int(steps[steps >= 0][0])
+    residual = float(np.asarray(sol.stats.residual)[m][k // save_every])
+    raise ConvergenceError(
+        f"The stage equations of {integrator.name} did not converge in {failed.size} of "
+        f"{ok.shape[0]} members (the first, member {m}, at step {k}, t = "
+        f"{float(t0) + k * float(dt):.6g}; residual {residual:.3g}), so their trajectories are "
+        f"wrong from that step on. Reduce dt, raise the solver's max_steps, or use "
+        f"solver=vijax.solvers.Newton() for stiff problems; pass throw=False to get the "
+        f"results anyway and inspect sol.stats per member (converged, failed_step).")
 
 
 # On a CPU a called (not traced) ensemble runs in one block of members per core, each its own
