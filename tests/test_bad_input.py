@@ -106,6 +106,18 @@ class BoundedKinetic(vj.LagrangianSystem):
         return -jnp.cos(v[0]) - 0.5 * q[0] ** 2
 
 
+class StaticStiffness(vj.MechanicalSystem):
+    """A parameter in a static field: not a leaf of the pytree, checked all the same."""
+
+    k: float = eqx.field(static=True, default=1.0)
+
+    def mass_matrix(self, q):
+        return jnp.eye(q.shape[0], dtype=q.dtype)
+
+    def potential(self, q):
+        return 0.5 * self.k * jnp.vdot(q, q)
+
+
 class DoubledConstraint(S.AbstractCartesianPendulum):
     """The same constraint twice: a rank-deficient constraint Jacobian."""
 
@@ -275,6 +287,8 @@ CASES = [
     Case("clock-does-not-advance", lambda q, v, d, t: sim(q0=q, v0=v, dt=d, t0=t),
          (Q0.astype(jnp.float32), V0.astype(jnp.float32), jnp.float32(0.1), jnp.float32(1e8)),
          ValueError, ("below the resolution of t0", "clock would not advance"), VALUE),
+    Case("nan-in-a-static-field", lambda q: sim(system=StaticStiffness(k=NAN), q0=q), (Q0,),
+         ValueError, ("StaticStiffness.k is not finite", "pass a finite value"), STATIC),
     # --- what the user's model returns (static: jax.eval_shape) -------------------------------
     Case("lagrangian-not-a-scalar", lambda q, v: sim(system=VectorLagrangian(), q0=q, v0=v),
          (jnp.ones(2), jnp.zeros(2)), ValueError,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import math
@@ -328,7 +329,28 @@ def _parameter_checks(system):
             out.append((_nonfinite(leaf), f"{field} is not finite: {fix}",
                         lambda f=field, x=leaf, fix=fix: (
                             f"{f} is not finite ({_where_nonfinite(x)}): {fix}")))
+    # static fields (eqx.field(static=True)) are not leaves: a Python float there is checked
+    # here, at trace time
+    for name, value in _static_floats(system):
+        if not np.isfinite(value):
+            field = f"{type(system).__name__}.{name}"
+            raise ValueError(f"{field} is not finite ({value}): every floating-point parameter "
+                             f"of the system must be a finite number; pass a finite value for "
+                             f"{field}.")
     return out
+
+
+def _static_floats(module, prefix=""):
+    """``(dotted name, value)`` of the Python floats in the static fields of an equinox
+    module and of the modules among its fields."""
+    if not isinstance(module, eqx.Module):
+        return
+    for f in dataclasses.fields(module):
+        value = getattr(module, f.name, None)
+        if f.metadata.get("static", False) and isinstance(value, float):
+            yield prefix + f.name, value
+        elif isinstance(value, eqx.Module):
+            yield from _static_floats(value, f"{prefix}{f.name}.")
 
 
 def _finite(name: str, x, what: str):
