@@ -102,7 +102,8 @@ def simulate_ensemble(
     reuse the compilation.  With ``throw=True`` a stage solve that fails in any member raises
     :class:`vijax.ConvergenceError` naming the failed members and the first one's step, time
     and residual (called on concrete values; under your own ``jit``, a runtime error of the
-    compiled call); with ``throw=False`` each member's ``sol.stats`` records it.  ``controls`` (a :class:`vijax.ForcedSystem` with controls) are shared by
+    compiled call); with ``throw=False`` each member's ``sol.stats`` records it.
+    ``controls`` (a :class:`vijax.ForcedSystem` with controls) are shared by
     every member, in any form :func:`vijax.simulate` takes; for controls that differ per
     member, ``jax.vmap`` :func:`vijax.simulate` over them.
     """
