@@ -55,11 +55,13 @@ from run import (
     _once,
     diffrax_runner,
     command_line,
+    error_at_time,
     fmt,
     jsonable,
     panel_grid,
     log,
     machine_info,
+    pareto,
     time_at_error,
     timed,
     unjson,
@@ -347,35 +349,6 @@ def usable(p, err_key="error"):
     (``converged`` false) and their time includes the wasted iterations."""
     return ("time" in p and np.isfinite(p.get("error", np.nan)) and p["error"] < DIVERGED
             and np.isfinite(p.get(err_key, np.nan)))
-
-
-def pareto(times, errors):
-    pts = sorted((t, e) for t, e in zip(times, errors) if np.isfinite(e) and e > 0)
-    front, best = [], np.inf
-    for t, e in pts:
-        if e < best:
-            front.append((t, e))
-            best = e
-    return front
-
-
-def error_at_time(times, errors, t, floor=None):
-    """Error of a method's Pareto front at run time ``t`` (log-log interpolation).  None if
-    its cheapest run is slower than ``t``, or if ``t`` is beyond its slowest run and that run
-    is not yet at the round-off ``floor`` (then its best error stands for any longer time)."""
-    front = pareto(times, errors)
-    if not front or t < front[0][0] * (1 - 1e-9):
-        return None
-    if len(front) == 1 and t <= front[0][0] * (1 + 1e-9):
-        return front[0][1]
-    for i in range(1, len(front)):
-        (t0, e0), (t1, e1) = front[i - 1], front[i]
-        if t <= t1:
-            w = (math.log(t) - math.log(t0)) / (math.log(t1) - math.log(t0))
-            return math.exp(math.log(e0) + w * (math.log(e1) - math.log(e0)))
-    if floor is None or front[-1][1] <= floor:
-        return front[-1][1]
-    return None
 
 
 def extrapolated_time(times, errors, target):

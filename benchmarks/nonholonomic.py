@@ -53,6 +53,7 @@ from run import (  # noqa: E402  (run.py also switches on float64, before any ar
     jsonable,
     log,
     machine_info,
+    error_at_time,
     time_at_error,
     timed,
     unjson,
@@ -334,23 +335,6 @@ def equal_time(vr, rows):
                peer_time=best["time"], peer_max_abs_dE=best["max_abs_dE"],
                peer_max_phi=best["max_phi"], peer_steps=best["num_steps"])
     return out
-
-
-def interpolated_error(rows, t):
-    """A peer's energy error at wall time ``t``, interpolated log-log between its two runs that
-    bracket ``t`` on its accuracy envelope (the least error of any run at most that long):
-    the equal-time comparison without the step of the tolerance grid (the rule of
-    :func:`equal_time` picks a run up to a grid step cheaper than vijax's).  ``None`` when
-    ``t`` is outside the runs' times."""
-    env, best = [], math.inf
-    for r in sorted((r for r in rows if r["success"]), key=lambda r: r["time"]):
-        best = min(best, r["max_abs_dE"])
-        env.append((r["time"], best))
-    for (t0, e0), (t1, e1) in zip(env, env[1:]):
-        if t0 <= t <= t1 and t1 > t0 and e0 > 0 and e1 > 0:
-            a = math.log(t / t0) / math.log(t1 / t0)
-            return math.exp((1 - a) * math.log(e0) + a * math.log(e1))
-    return None
 
 
 def part_1(cfg):
@@ -918,7 +902,9 @@ def summary_1(r):
             tag = " " * 18
         peer = (f"peer tol={e['peer_tol']:.1e} {e['peer_time']:.3f} s dE={e['peer_max_abs_dE']:.2e} "
                 f"phi={e['peer_max_phi']:.1e}" if "peer_tol" in e else e.get("note", ""))
-        e_at = interpolated_error(r["peers"][pkey]["rows"], e["vijax_time"])
+        ok = [row for row in r["peers"][pkey]["rows"] if row["success"]]
+        e_at = error_at_time([row["time"] for row in ok], [row["max_abs_dE"] for row in ok],
+                             e["vijax_time"], floor=0.0)   # none beyond the slowest run
         interp = (f"interpolated {e_at / max(e['vijax_max_abs_dE'], 1e-300):.3g}; "
                   if e_at is not None else "")
         lines.append(f"      {tag}{label(method):30s} h={vkey.split('=')[1]:<6s} vs "

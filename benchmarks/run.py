@@ -313,15 +313,41 @@ def state_error(q, v, q_ref, v_ref) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-def time_at_error(times, errors, target):
-    """Wall time at which a method's Pareto front first reaches ``errors <= target``
-    (log-log interpolation between Pareto points); ``None`` if never reached."""
-    pts = sorted((t, e) for t, e in zip(times, errors) if np.isfinite(e))
+def pareto(times, errors):
+    """``[(time, error), ...]`` by increasing time, each run more accurate than every cheaper
+    one (finite, positive errors only)."""
+    pts = sorted((t, e) for t, e in zip(times, errors) if np.isfinite(e) and e > 0)
     front, best = [], np.inf
     for t, e in pts:
         if e < best:
             front.append((t, e))
             best = e
+    return front
+
+
+def error_at_time(times, errors, t, floor=None):
+    """Error of a method's Pareto front at run time ``t`` (log-log interpolation).  None if
+    its cheapest run is slower than ``t``, or if ``t`` is beyond its slowest run and that run
+    is not yet at the round-off ``floor`` (then its best error stands for any longer time)."""
+    front = pareto(times, errors)
+    if not front or t < front[0][0] * (1 - 1e-9):
+        return None
+    if len(front) == 1 and t <= front[0][0] * (1 + 1e-9):
+        return front[0][1]
+    for i in range(1, len(front)):
+        (t0, e0), (t1, e1) = front[i - 1], front[i]
+        if t <= t1:
+            w = (math.log(t) - math.log(t0)) / (math.log(t1) - math.log(t0))
+            return math.exp(math.log(e0) + w * (math.log(e1) - math.log(e0)))
+    if floor is None or front[-1][1] <= floor:
+        return front[-1][1]
+    return None
+
+
+def time_at_error(times, errors, target):
+    """Wall time at which a method's Pareto front first reaches ``errors <= target``
+    (log-log interpolation between Pareto points); ``None`` if never reached."""
+    front = pareto(times, errors)
     for i, (t, e) in enumerate(front):
         if e <= target:
             if i == 0:

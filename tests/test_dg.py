@@ -288,6 +288,22 @@ def test_symplectic(system, integ, h):
 # ---------------------------------------------------------------------------------------------
 
 
+def _pendulum_energy(q, p):
+    return p**2 / (2 * M * L * L) - M * G * L * np.cos(q)
+
+
+def _balance_sides(integ, sol, i):
+    """Both sides of (24) for step ``i`` of a pendulum run, evaluated independently from the
+    step's dense polynomials and the closed-form energy: ``(lhs, rhs)``."""
+    st = state_at(sol, i + 1)
+    v0, v1 = integ.interval(st, 0.0), integ.interval(st, 1.0)
+    d0, d1 = integ.interval(st, 0.0, True), integ.interval(st, 1.0, True)
+    qi, qn, pn = float(sol.q[i, 0]), float(sol.q[i + 1, 0]), float(sol.p[i + 1, 0])
+    q0p, p0p, p1m = float(v0.q[0, 0]), float(v0.p[0, 0]), float(v1.p[0, 0])
+    return (float(d1.q[0, 0]) * (pn - p1m) + _pendulum_energy(qn, p1m),
+            float(d0.p[0, 0]) * (q0p - qi) + _pendulum_energy(q0p, p0p))
+
+
 def test_balance_exact_integration(pend_exact):
     integ, sol = pend_exact  # 20-point Gauss: exact to round-off for the pendulum at T = 0.3
     assert isinstance(sol.states, DGState) and sol.states.Q.shape == (51, 3, 1)
@@ -295,24 +311,20 @@ def test_balance_exact_integration(pend_exact):
                                rtol=1e-14)
     assert np.max(np.abs(sol.states.balance)) <= 1e-12
     # independent evaluation of both sides from the dense polynomials of step 7
-    H = lambda q, p: p**2 / (2 * M * L * L) - M * G * L * np.cos(q)  # noqa: E731
     i = 7
     st = state_at(sol, i + 1)
-    v0, v1 = integ.interval(st, 0.0), integ.interval(st, 1.0)
-    d0, d1 = integ.interval(st, 0.0, True), integ.interval(st, 1.0, True)
-    qi, qn, pn = float(sol.q[i, 0]), float(sol.q[i + 1, 0]), float(sol.p[i + 1, 0])
-    q0p, p0p, p1m = float(v0.q[0, 0]), float(v0.p[0, 0]), float(v1.p[0, 0])
-    np.testing.assert_allclose(float(v1.q[0, 0]), qn, atol=1e-14)
-    np.testing.assert_allclose(p0p, float(sol.p[i, 0]), atol=1e-13)
-    lhs = float(d1.q[0, 0]) * (pn - p1m) + H(qn, p1m)
-    rhs = float(d0.p[0, 0]) * (q0p - qi) + H(q0p, p0p)
+    np.testing.assert_allclose(float(integ.interval(st, 1.0).q[0, 0]), float(sol.q[i + 1, 0]),
+                               atol=1e-14)
+    np.testing.assert_allclose(float(integ.interval(st, 0.0).p[0, 0]), float(sol.p[i, 0]),
+                               atol=1e-13)
+    lhs, rhs = _balance_sides(integ, sol, i)
     assert abs(lhs - rhs) <= 1e-12
     assert abs((lhs - rhs) - float(sol.states.balance[i + 1])) <= 1e-13
     assert abs(lhs - 9.81) < 0.01  # E_i is close to, but not equal to, the exact energy: (24)
     # is a per-step identity, not a conserved quantity
     # §6.1, Fig. 5 (15 s, exact integrals): nodal energy within 1.2e-3 of 9.81 J, no drift
     # (measured 9.80898..9.81107)
-    e = np.asarray(sol.p[:, 0]) ** 2 / (2 * M * L * L) - M * G * L * np.cos(np.asarray(sol.q[:, 0]))
+    e = _pendulum_energy(np.asarray(sol.q[:, 0]), np.asarray(sol.p[:, 0]))
     assert np.max(np.abs(e - 9.81)) < 1.2e-3 and e.min() < 9.81 < e.max()
 
 
@@ -322,15 +334,8 @@ def test_balance_not_exact_with_gauss2():
     the dense polynomials of every step, and is far from round-off (measured max 4.6e-3)."""
     integ = DGVI(2, 2)
     sol = run(PEND, integ, Q0, P0, 0.3, 50)
-    H = lambda q, p: p**2 / (2 * M * L * L) - M * G * L * np.cos(q)  # noqa: E731
     for i in range(sol.q.shape[0] - 1):
-        st = state_at(sol, i + 1)
-        v0, v1 = integ.interval(st, 0.0), integ.interval(st, 1.0)
-        d0, d1 = integ.interval(st, 0.0, True), integ.interval(st, 1.0, True)
-        qi, qn, pn = float(sol.q[i, 0]), float(sol.q[i + 1, 0]), float(sol.p[i + 1, 0])
-        q0p, p0p, p1m = float(v0.q[0, 0]), float(v0.p[0, 0]), float(v1.p[0, 0])
-        lhs = float(d1.q[0, 0]) * (pn - p1m) + H(qn, p1m)
-        rhs = float(d0.p[0, 0]) * (q0p - qi) + H(q0p, p0p)
+        lhs, rhs = _balance_sides(integ, sol, i)
         assert abs((lhs - rhs) - float(sol.states.balance[i + 1])) <= 1e-12, i
     worst = np.max(np.abs(sol.states.balance))
     assert 1e-3 < worst < 1e-2, worst

@@ -31,10 +31,11 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from . import _xla
+from ._checks import is_traced
 from ._typing import ScalarLike
 from .integrators import AbstractIntegrator
-from .simulate import Solution, _dtype_of, _real_scalar, _warn_precision, simulate
-from .solvers import ConvergenceError
+from .simulate import (Solution, _dtype_of, _raise_if_failed, _real_scalar, _warn_narrowing,
+                       _warn_precision, simulate)
 from .systems import LagrangianSystem, LieGroupSystem
 
 __all__ = ["simulate_ensemble"]
@@ -135,13 +136,13 @@ def simulate_ensemble(
     members = (params, q0, x0)
     # the clock in the dtype the run follows, q0's (as vijax.simulate does)
     dtype = _dtype_of(q0)
-    shared = (system, integrator, _real_scalar("dt", dt, dtype), _real_scalar("t0", t0, dtype),
-              controls)
+    _warn_narrowing(dtype, dt=dt, t0=t0, stacklevel=3)   # (v0 and p0: simulate warns)
+    dt, t0 = _real_scalar("dt", dt, dtype), _real_scalar("t0", t0, dtype)
+    shared = (system, integrator, dt, t0, controls)
     # Called on concrete values, a failed solve is reported from the statistics, naming the
     # member, the step and its time (in the graph, under the caller's jit, it is an error_if
     # that can name neither).
-    concrete = not any(isinstance(x, jax.core.Tracer)
-                       for x in jax.tree_util.tree_leaves((members, shared)))
+    concrete = not is_traced((members, shared))
     in_graph = throw and not concrete
     mesh = _mesh(devices)
     if mesh is not None:
@@ -156,26 +157,8 @@ def simulate_ensemble(
         if sol.q.shape[0] != count:
             sol = _unpad(sol, count, mesh)
     if throw and concrete:
-        _raise_if_members_failed(sol, integrator, shared[3], shared[2], save_every)
+        _raise_if_failed(sol, integrator, t0, dt, save_every, members=True)
     return sol
-
-
-def _raise_if_members_failed(sol: Solution, integrator, t0, dt, save_every: int) -> None:
-    ok = np.asarray(sol.stats.converged).reshape(sol.q.shape[0], -1)
-    failed = np.flatnonzero(~ok.all(axis=1))
-    if failed.size == 0:
-        return
-    m = int(failed[0])
-    steps = np.asarray(sol.stats.failed_step)[m]
-    k = int(steps[steps >= 0][0])
-    residual = float(np.asarray(sol.stats.residual)[m][k // save_every])
-    raise ConvergenceError(
-        f"The stage equations of {integrator.name} did not converge in {failed.size} of "
-        f"{ok.shape[0]} members (the first, member {m}, at step {k}, t = "
-        f"{float(t0) + k * float(dt):.6g}; residual {residual:.3g}), so their trajectories are "
-        f"wrong from that step on. Reduce dt, raise the solver's max_steps, or use "
-        f"solver=vijax.solvers.Newton() for stiff problems; pass throw=False to get the "
-        f"results anyway and inspect sol.stats per member (converged, failed_step).")
 
 
 # On a CPU a called (not traced) ensemble runs in one block of members per core, each its own

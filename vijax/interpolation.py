@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from ._checks import refuse
 from .quadrature import lagrange_basis, lagrange_derivative_matrix
 
 __all__ = ["DenseOutput", "PiecewisePolynomial", "DenseInterpolation", "locate", "SIDES"]
@@ -138,9 +139,28 @@ class DenseInterpolation(eqx.Module):
         return next(iter(self.fields.values())).ts
 
     def evaluate(self, t, derivative: bool = False) -> DenseOutput:
-        """:class:`DenseOutput` at the times ``t``; with ``derivative=True`` the time
-        derivatives of the polynomials (step by step; not defined at the grid points of a
-        discontinuous variable)."""
+        """:class:`DenseOutput` at the times ``t`` (a time or a 1-D array, within the grid:
+        the polynomials do not extrapolate, and a time outside it or NaN is an error, raised at
+        once or, under ``jit``, in the graph); with ``derivative=True`` the time derivatives of
+        the polynomials (step by step; not defined at the grid points of a discontinuous
+        variable)."""
+        ts = self.ts
+        t = jnp.asarray(t, ts.dtype)
+        if t.ndim > 1:
+            raise ValueError(f"evaluate takes a time or a 1-D array of times, got shape "
+                             f"{t.shape}; pass t.ravel() and reshape the result.")
+        lo, hi = ts[0], ts[-1]
+        slack = 1e-9 * (hi - lo)
+        outside = ~((t >= lo - slack) & (t <= hi + slack))   # NaN is outside too
+
+        def eager():
+            got = np.atleast_1d(np.asarray(t))[np.atleast_1d(np.asarray(outside))][:3]
+            return (f"evaluate: times must lie in the run [{float(lo)}, {float(hi)}] (dense "
+                    f"output does not extrapolate), got {got}; pass times within the run.")
+
+        t = refuse(t, jnp.any(outside),
+                   "evaluate: a time lies outside the run [t[0], t[-1]] (or is NaN); dense "
+                   "output does not extrapolate: pass times within the run.", eager)
         vals = {k: f.evaluate(t, derivative) for k, f in self.fields.items()}
         return DenseOutput(**vals)
 

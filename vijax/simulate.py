@@ -73,27 +73,11 @@ class Solution(eqx.Module):
         """Dense output at the times ``t`` (scalar or 1-D): ``q``, ``p`` and, where the method
         defines them, ``v`` and ``pg``, from the polynomials the method solved for on each step
         (:mod:`vijax.interpolation`).  Needs ``simulate(..., dense=True)``.  The times must lie
-        in the run, ``[t[0], t[-1]]``: the polynomials do not extrapolate (an error, raised
-        at once or, under ``jit``, in the graph)."""
+        in the run, ``[t[0], t[-1]]``: the polynomials do not extrapolate
+        (:meth:`vijax.interpolation.DenseInterpolation.evaluate`)."""
         if self.interpolation is None:
             raise ValueError("this Solution has no dense output: run simulate(..., dense=True) "
                              "with an integrator that has it (a vijax.AbstractDenseIntegrator).")
-        t = jnp.asarray(t, self.t.dtype)
-        if t.ndim > 1:
-            raise ValueError(f"evaluate takes a time or a 1-D array of times, got shape "
-                             f"{t.shape}; pass t.ravel() and reshape the result.")
-        lo, hi = self.t[0], self.t[-1]
-        slack = 1e-9 * (hi - lo)
-        outside = ~((t >= lo - slack) & (t <= hi + slack))   # NaN is outside too
-
-        def eager():
-            got = np.atleast_1d(np.asarray(t))[np.atleast_1d(np.asarray(outside))][:3]
-            return (f"evaluate: times must lie in the run [{float(lo)}, {float(hi)}] (dense "
-                    f"output does not extrapolate), got {got}; pass times within the run.")
-
-        t = _refuse(t, jnp.any(outside),
-                    "evaluate: a time lies outside the run [t[0], t[-1]] (or is NaN); dense "
-                    "output does not extrapolate: pass times within the run.", eager)
         return self.interpolation.evaluate(t, derivative)
 
     @property
@@ -959,19 +943,30 @@ def _checked_key(leaves, treedef):
 
 
 def _raise_if_failed(sol: Solution, integrator: AbstractIntegrator, t0, dt,
-                     save_every: int) -> None:
+                     save_every: int, members: bool = False) -> None:
+    """:class:`ConvergenceError` naming the first failed step of a run (``members``: of an
+    ensemble's first failed member, with the count of failed members)."""
     ok = np.asarray(sol.stats.converged)
     if bool(np.all(ok)):
         return
-    k = int(sol.stats.first_failure)
-    residual = float(np.asarray(sol.stats.residual)[k // save_every])
+    stats, which, whose = sol.stats, "", "the trajectory is"
+    if members:
+        failed = np.flatnonzero(~ok.reshape(ok.shape[0], -1).all(axis=1))
+        m = int(failed[0])
+        stats = jax.tree_util.tree_map(lambda x: x[m], stats)
+        which = f" in {failed.size} of {ok.shape[0]} members (the first, member {m},"
+        whose = "their trajectories are"
+    k = int(stats.first_failure)
+    residual = float(np.asarray(stats.residual)[k // save_every])
+    where = (f"{which} at step {k}, t = {float(t0) + k * float(dt):.6g}; residual "
+             f"{residual:.3g})" if members else
+             f" at step {k} (t = {float(t0) + k * float(dt):.6g}; residual {residual:.3g})")
     raise ConvergenceError(
-        f"The stage equations of {integrator.name} did not converge at step {k} "
-        f"(t = {float(t0) + k * float(dt):.6g}; residual {residual:.3g}), so the "
-        f"trajectory is wrong from that step on. Reduce dt, raise the solver's max_steps, or use "
+        f"The stage equations of {integrator.name} did not converge{where}, so {whose} "
+        f"wrong from that step on. Reduce dt, raise the solver's max_steps, or use "
         f"solver=vijax.solvers.Newton() for stiff problems; pass throw=False to get "
-        f"the result anyway and inspect sol.stats (converged, failed_step)."
-    )
+        f"the result anyway and inspect sol.stats (converged, failed_step"
+        f"{', one row per member' if members else ''}).")
 
 
 ADJOINTS = ("store_all", "checkpointed", "reversible")
@@ -1046,7 +1041,7 @@ def _controls(system, integrator, controls, n_steps: int, q0, t0, dt):
     return U
 
 
-def _warn_narrowing(dtype, **inputs) -> None:
+def _warn_narrowing(dtype, stacklevel: int = 4, **inputs) -> None:
     """A :class:`PrecisionWarning` when float64 arrays are passed to a float32 run (the run
     follows ``q0``'s dtype): their values are rounded, silently otherwise."""
     if dtype != np.float32 or not jax.config.jax_enable_x64:  # without x64: _warn_precision
@@ -1058,7 +1053,7 @@ def _warn_narrowing(dtype, **inputs) -> None:
             f"{', '.join(wide)} {'is' if len(wide) == 1 else 'are'} float64 but q0 is float32, "
             f"and a run computes in q0's dtype: {'it is' if len(wide) == 1 else 'they are'} "
             f"rounded to float32. Pass q0 as float64 to compute in float64.",
-            PrecisionWarning, stacklevel=4)
+            PrecisionWarning, stacklevel=stacklevel)
 
 
 def _check_model_shapes(system, q0, x0, t0, lie: bool):
