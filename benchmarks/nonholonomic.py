@@ -459,8 +459,9 @@ class FixedUpdates(vj.solvers.AbstractRootSolver):
     (``rtol = 0``, ``atol = 1e-300``: the increments, about 1e265 tolerances and all equal,
     never pass the stopping test, and the method's ``stall_level``, which would take them for
     round-off, is dropped; with ``atol = 0`` they were infinite, which the solver reports as
-    a failed solve after one update).  The cost of a step with ``k`` updates minus that with
-    none is ``k`` times the cost of one update (:func:`part_2` checks the count)."""
+    a failed solve after one update).  The cost of a step with ``1 + k`` updates minus that
+    with one is ``k`` times the cost of one update (:func:`part_2` checks the counts; a solver
+    takes at least one update, ``max_steps >= 1``)."""
 
     inner: vj.solvers.AbstractRootSolver = vj.solvers.Newton()
 
@@ -521,7 +522,7 @@ def part_2(cfg):
         k_up, n_prof = cfg["profile_updates"], cfg["profile_steps"]
         for key in profiled:
             base, make_solver = PROFILE[key]
-            for k in (0, k_up):
+            for k in (1, 1 + k_up):
                 solver = FixedUpdates(inner=make_solver(), rtol=0.0, atol=1e-300,
                                       max_steps=k, min_steps=0)
                 entries[f"profile:{key}:{k}"] = (
@@ -548,13 +549,13 @@ def part_2(cfg):
         for key in profiled:
             # wall-time medians of the interleaved rounds (XLA:CPU may run independent ops
             # of one step on both cores, so the CPU time can exceed the wall time)
-            t0, t1 = (timings[f"profile:{key}:{k}"][1] for k in (0, k_up))
-            for k in (0, k_up):
+            t1, tk = (timings[f"profile:{key}:{k}"][1] for k in (1, 1 + k_up))
+            for k in (1, 1 + k_up):
                 done = float(timings[f"profile:{key}:{k}"][0][3])
                 if done != k:
                     raise AssertionError(f"profile {key}: {done} updates per step, not {k}")
-            outside = t0 / n_prof * 1e6
-            per_update = (t1 - t0) / n_prof / k_up * 1e6
+            per_update = (tk - t1) / n_prof / k_up * 1e6
+            outside = t1 / n_prof * 1e6 - per_update
             it = rows[key]["mean_iterations"] if key in rows else None
             profile[key] = dict(
                 solver=type(PROFILE[key][1]()).__name__, us_outside_solve=outside,

@@ -100,6 +100,34 @@ def test_a_failed_member_is_reported_or_raises():
         jax.block_until_ready(jax.jit(lambda q: ensemble(q0=q).q)(q0))
 
 
+def test_a_bad_member_input_is_named():
+    """A member whose inputs fail one of simulate's checks (a NaN, a parameter, an initial
+    velocity off the hidden constraint) is named with that check's own error; under the
+    caller's jit the check runs in the graph and cannot name it."""
+    q0 = np.asarray(Q0).copy()
+    q0[3, 0] = np.nan
+    with pytest.raises(ValueError, match=r"^member 3 of 5: q0 contains non-finite values: "
+                                         r"\[nan 0\.3\]; pass finite initial coordinates\.$"):
+        ensemble(q0=q0)
+    v0 = np.asarray(V0).copy()
+    v0[1, 1], v0[4, 0] = np.inf, np.nan
+    with pytest.raises(ValueError, match=r"^member 1 of 5: v0 contains non-finite .* \(1 other "
+                                         r"member has a non-finite initial state too\.\)$"):
+        ensemble(v0=v0)
+    with pytest.raises(eqx.EquinoxRuntimeError, match="q0 contains non-finite values"):
+        jax.block_until_ready(eqx.filter_jit(lambda q: ensemble(q0=q).q)(q0))
+    pend = S.Pendulum(l=jnp.array([1.0, 1.0, np.nan, 1.0]))
+    with pytest.raises(ValueError, match=r"^member 2 of 4: Pendulum.l is not finite"):
+        vj.simulate_ensemble(pend, GAUSS2, q0=np.ones((4, 1)), v0=np.zeros((4, 1)), dt=0.1,
+                             n_steps=2, system_axes=0)
+    cq0, cv0 = np.tile([1.0, 0.0], (4, 1)), np.tile([0.0, 1.0], (4, 1))
+    cv0[2, 0] = 0.5
+    with pytest.raises(vj.constraints.InconsistentInitialData,
+                       match=r"^member 2 of 4: v0 violates the hidden constraint"):
+        vj.simulate_ensemble(S.CartesianPendulum(), vj.HolonomicVPRK.rattle(), q0=cq0, v0=cv0,
+                             dt=0.1, n_steps=2)
+
+
 def test_a_called_ensemble_runs_a_block_per_core(monkeypatch):
     """On a CPU a called ensemble runs one block of members per core from threads (three cores
     here, 131 members: the last block padded); a traced one is one program.  Both give the
@@ -129,6 +157,8 @@ def test_a_called_ensemble_runs_a_block_per_core(monkeypatch):
     assert not ok[100] and ok[np.arange(131) != 100].all()
     with pytest.raises(vj.ConvergenceError, match="in 1 of 131 members .the first, member 100"):
         vj.simulate_ensemble(SYSTEM, GAUSS2, q0=bad, v0=v0, **args)
+    with pytest.raises(ValueError, match="^member 120 of 131: q0 contains non-finite"):
+        vj.simulate_ensemble(SYSTEM, GAUSS2, q0=q0.at[120, 1].set(np.nan), v0=v0, **args)
 
 
 def test_blocks_run_one_after_the_other_where_lapack_could_deadlock(monkeypatch):

@@ -34,8 +34,8 @@ from . import _xla
 from ._checks import is_traced
 from ._typing import ScalarLike
 from .integrators import AbstractIntegrator
-from .simulate import (Solution, _dtype_of, _raise_if_failed, _real_scalar, _warn_narrowing,
-                       _warn_precision, simulate)
+from .simulate import (Solution, _check_values, _controls, _dtype_of, _raise_if_failed,
+                       _real_scalar, _warn_narrowing, _warn_precision, simulate)
 from .systems import LagrangianSystem, LieGroupSystem
 
 __all__ = ["simulate_ensemble"]
@@ -103,7 +103,10 @@ def simulate_ensemble(
     reuse the compilation.  With ``throw=True`` a stage solve that fails in any member raises
     :class:`vijax.ConvergenceError` naming the failed members and the first one's step, time
     and residual (called on concrete values; under your own ``jit``, a runtime error of the
-    compiled call); with ``throw=False`` each member's ``sol.stats`` records it.
+    compiled call); with ``throw=False`` each member's ``sol.stats`` records it.  A member
+    whose inputs fail a check of :func:`vijax.simulate` (a NaN in its initial state, a
+    non-finite parameter) raises that check's error prefixed with the member's index
+    (likewise on concrete values only).
     ``controls`` (a :class:`vijax.ForcedSystem` with controls) are shared by
     every member, in any form :func:`vijax.simulate` takes; for controls that differ per
     member, ``jax.vmap`` :func:`vijax.simulate` over them.
@@ -148,14 +151,20 @@ def simulate_ensemble(
     if mesh is not None:
         members, shared = _place(members, shared, mesh)
     threads = 1 if mesh is not None else _cpu_threads(members, count, n_steps)
-    if threads > 1:
-        sol = _run_threads(members, shared, threads, count, name, n_steps, save_every,
-                           batch_size, in_graph, project)
-    else:
-        sol = _runner()(members, shared, mesh, name, n_steps, save_every, batch_size, in_graph,
-                        project)
-        if sol.q.shape[0] != count:
-            sol = _unpad(sol, count, mesh)
+    try:
+        if threads > 1:
+            sol = _run_threads(members, shared, threads, count, name, n_steps, save_every,
+                               batch_size, in_graph, project)
+        else:
+            sol = _runner()(members, shared, mesh, name, n_steps, save_every, batch_size,
+                            in_graph, project)
+            if sol.q.shape[0] != count:
+                sol = _unpad(sol, count, mesh)
+    except (eqx.EquinoxRuntimeError, jax.errors.JaxRuntimeError):
+        if concrete:   # a check on the inputs failed in a member's lane: name the member
+            _refuse_member((params, q0, x0), (system, integrator, dt, t0, controls), name,
+                           n_steps, project)
+        raise
     if throw and concrete:
         _raise_if_failed(sol, integrator, t0, dt, save_every, members=True)
     return sol
@@ -190,6 +199,39 @@ def _cores() -> int:
 # member-steps 2.5-3.1 ms called with threads against 1.5-2.2 ms as one program, 102400
 # member-steps 8.2 against 13.3 ms; heavier steps repay the threads sooner.
 _CPU_MIN_WORK = 1 << 15   # members x steps
+
+
+def _refuse_member(members, shared, name: str, n_steps: int, project: bool) -> None:
+    """Find the member whose inputs failed a check of :func:`vijax.simulate` in the batched
+    run (where the check cannot say which lane failed) and raise that check's error for it,
+    naming the member: the members are checked one at a time on concrete values, those with
+    a non-finite initial state first."""
+    params, q0, x0 = members
+    system, integrator, dt, t0, controls = shared
+    count = x0.shape[0]
+    rows = lambda x: np.asarray(x).reshape(count, -1)  # noqa: E731
+    finite = np.all(np.isfinite(np.concatenate(
+        [rows(x) for x in jax.tree.leaves((q0, x0)) + [x0]], axis=1)), axis=1)
+    for i in np.argsort(finite, kind="stable"):   # the non-finite members first
+        member = jax.tree.map(lambda x: x[i], (params, q0, x0))
+        one = eqx.combine(member[0], system)
+        try:
+            _check_values(one, integrator, q0=member[1],
+                          **{"v0": None, "p0": None, name: member[2]}, dt=dt, t0=t0,
+                          project=project,
+                          controls=_controls(one, integrator, controls, n_steps, member[1], t0,
+                                             dt))
+        except Exception as e:   # the check's own error, the member named
+            others = int(np.sum(~finite)) - (not finite[i])
+            also = (f" ({others} other member{'s' if others > 1 else ''} ha"
+                    f"{'ve' if others > 1 else 's'} a non-finite initial state too.)"
+                    if others > 0 else "")
+            message = f"member {int(i)} of {count}: {e}{also}"
+            try:
+                err = type(e)(message)
+            except Exception:
+                err = ValueError(message)
+            raise err from None
 
 
 def _cpu_threads(members, count: int, n_steps: int) -> int:
