@@ -19,6 +19,7 @@ inputs reduces every stage loop's convergence test over all devices, and a faili
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import numbers
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -262,11 +263,25 @@ def _run_threads(members, shared, threads: int, count: int, name, n_steps, save_
     def one(block):
         return jax.block_until_ready(run(block, shared, *static))
 
-    if min(chunk, per) > _LAPACK_SAFE_BATCH and _blocking_lapack(run):
-        return _join([one(block) for block in blocks], count)
-    with ThreadPoolExecutor(threads) as pool:
-        sols = list(pool.map(one, blocks))
-    return _join(sols, count)
+    # a failed check's error is raised (and its member named, simulate_ensemble); JAX's log
+    # of the failed callback that carries it, a traceback printed before the error, is dropped
+    # as equinox.filter_jit drops it around the calls it compiles
+    quiet = _QuietCheckCallback()
+    logging.getLogger("jax._src.callback").addFilter(quiet)
+    try:
+        if min(chunk, per) > _LAPACK_SAFE_BATCH and _blocking_lapack(run):
+            return _join([one(block) for block in blocks], count)
+        with ThreadPoolExecutor(threads) as pool:
+            sols = list(pool.map(one, blocks))
+        return _join(sols, count)
+    finally:
+        logging.getLogger("jax._src.callback").removeFilter(quiet)
+
+
+class _QuietCheckCallback(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name == "jax._src.callback"
+                    and record.getMessage() == "jax.pure_callback failed")
 
 
 #: The largest batch of a LAPACK kernel measured not to hang from two threads (below).
