@@ -25,17 +25,19 @@ from jaxtyping import Array, Float, PyTree
 
 from ... import tableaus as tb
 from ...solvers import FixedPoint, default_tolerance
-from ...systems import ForcedSystem, LieGroupSystem
+from ...systems import ForcedSystem, LieGroupSystem, TimeDependentSystem
 from .._base import AbstractState
 
 __all__ = [
     "TStarState",
+    "at_time",
     "bernoulli",
     "dexp_star",
     "dexpinv_truncated",
     "dexpinv_truncated_vjp",
     "spatial_field",
     "stage_field",
+    "stage_times",
     "to_spatial",
     "to_body",
     "check_weights",
@@ -47,7 +49,7 @@ __all__ = [
 ]
 
 #: What every method of this subpackage accepts and needs.
-SUPPORTED = frozenset({LieGroupSystem, ForcedSystem})
+SUPPORTED = frozenset({LieGroupSystem, ForcedSystem, TimeDependentSystem})
 REQUIRED = frozenset({LieGroupSystem})
 
 
@@ -165,9 +167,26 @@ def _body_field(system: LieGroupSystem, q, mubar):
     return xib, system.d1_lagrangian(q, xib) + G.ad_star(xib, mubar)
 
 
-def stage_field(system: LieGroupSystem, Q, M, force=None):
+def at_time(system, t):
+    """``system`` with its clock at ``t`` (:meth:`vijax.TimeDependentSystem.at`); any other
+    system as it is."""
+    return system.at(t) if isinstance(system, TimeDependentSystem) else system
+
+
+def stage_times(system, t, h, c):
+    """``t + c_i h`` for a :class:`vijax.TimeDependentSystem` (where its stages are
+    evaluated), else ``None``."""
+    if not isinstance(system, TimeDependentSystem):
+        return None
+    return t + h * c
+
+
+def stage_field(system: LieGroupSystem, Q, M, force=None, times=None):
     """The paper's ``(ξ_i, n_i) = f(Q_i, M_i)`` at stacked stages (``Q`` a batch of group
-    elements, ``M`` ``(s, d)`` spatial momenta), and the body forms ``(ξ̄_i, n̄_i)``.
+    elements, ``M`` ``(s, d)`` spatial momenta), and the body forms ``(ξ̄_i, n̄_i)``;
+    ``times``: the stage times of a :class:`vijax.TimeDependentSystem`, whose Lagrangian is
+    evaluated on ``system.at(t_i)`` (the discrete Lagrangian's quadrature at its nodes,
+    Marsden & West (2001), Part 4), or ``None``.
 
     ``f`` (Bogfjellmo & Marthinsen (2016), eqs. (4)--(5)) is, for the right-trivialised
     Lagrangian ``ℓ_R(q, ξ_s) = ℓ(q, Ad_{q⁻¹} ξ_s)``, ``f(q, D2ℓ_R(q, ξ_s)) = (ξ_s,
@@ -179,7 +198,10 @@ def stage_field(system: LieGroupSystem, Q, M, force=None):
     ``(ξ, n, ξ̄, n̄)``, each ``(s, d)``."""
     G = system.group
     mubar = jax.vmap(G.Ad_star)(Q, M)
-    xib, nbar = jax.vmap(lambda q, m: _body_field(system, q, m))(Q, mubar)
+    if times is None:
+        xib, nbar = jax.vmap(lambda q, m: _body_field(system, q, m))(Q, mubar)
+    else:
+        xib, nbar = jax.vmap(lambda t, q, m: _body_field(system.at(t), q, m))(times, Q, mubar)
     if force is not None:
         nbar = nbar + force(Q, xib)
     xi = jax.vmap(G.Ad_apply)(Q, xib)

@@ -8,7 +8,7 @@ from ... import tableaus as tb
 from ...solvers import AbstractRootSolver
 from ...systems import LieGroupSystem
 from .._base import AbstractIntegrator
-from ._common import REQUIRED, SUPPORTED, default_solver
+from ._common import REQUIRED, SUPPORTED, at_time, default_solver
 
 __all__ = ["AbstractTStarMethod"]
 
@@ -45,3 +45,7 @@ class AbstractTStarMethod(AbstractIntegrator):
     def _solver(self, dtype) -> AbstractRootSolver:
         """The given solver, or the fixed point run to round-off (:func:`default_solver`)."""
         return default_solver(dtype) if self.solver is None else self.solver
+
+    def velocity(self, system: LieGroupSystem, state):
+        """The body velocity ``ξ`` with ``D2ℓ(q, ξ) = p`` (at the state's time)."""
+        return at_time(system, state.t).velocity(state.q, state.p)

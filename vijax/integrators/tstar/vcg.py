@@ -44,7 +44,8 @@ from ...systems import LieGroupSystem
 from .._base import AbstractIntegrator
 from ._method import AbstractTStarMethod
 from ._common import (TStarState, check_weights,
-                      dexp_star, safe_div, spatial_field, stage_field, to_spatial)
+                      dexp_star, safe_div, spatial_field, stage_field, stage_times,
+                      to_spatial, at_time)
 
 __all__ = ["VCG", "composition_tableau", "vcg_order_conditions", "vcg_order",
            "TRIPLE_JUMP", "YOSHIDA6"]
@@ -285,9 +286,10 @@ class VCG(AbstractTStarMethod):
         G = system.group
         v0 = jnp.asarray(v0)
         t0 = jnp.asarray(t0, v0.dtype)
-        p0 = system.momentum(q0, v0)
+        sys0 = at_time(system, t0)
+        p0 = sys0.momentum(q0, v0)
         mu0 = to_spatial(G, q0, p0)
-        xi0, n0 = spatial_field(system, q0, mu0)
+        xi0, n0 = spatial_field(sys0, q0, mu0)
         _, _, chat = self._coefficients(v0.dtype)
         s = self.stages
         # Predictor of the first step: ξ_i = ξ0, M_i = μ0 + h ĉ_i (n0 − ad*_{ξ0} μ0).
@@ -306,6 +308,7 @@ class VCG(AbstractTStarMethod):
         a, b, _ = self._coefficients(dtype)
         mu0 = to_spatial(G, q0, p0)
         force = self._force(system, state, h, u)
+        times = stage_times(system, state.t, h, jnp.asarray(self.tableau.c, dtype))
         tmap = jax.tree_util.tree_map
         # Rows k = 1..s are the stages, row s+1 the update: q^j is the partial product of the
         # row b, Q_{kj} that of row k of a.
@@ -327,7 +330,7 @@ class VCG(AbstractTStarMethod):
             # part[j][k]: row k's product up to factor j
             Q = tmap(lambda x: x[-1, :s], part)
             q1 = tmap(lambda x: x[-1, s], part)
-            xi, _, _, nbar = stage_field(system, Q, M, force)
+            xi, _, _, nbar = stage_field(system, Q, M, force, times)
             mubar1 = p0 + h * (b @ nbar)
             V = jnp.concatenate([nbar, mubar1[None, :]], axis=0)       # (s+1, d)
 
@@ -351,6 +354,3 @@ class VCG(AbstractTStarMethod):
         new = TStarState(t=state.t + h, q=q1, p=p1, stages=stages)
         return new, stats
 
-    def velocity(self, system: LieGroupSystem, state: TStarState):
-        """The body velocity ``ξ`` with ``D2ℓ(q, ξ) = p``."""
-        return system.velocity(state.q, state.p)

@@ -45,7 +45,8 @@ from .._base import AbstractIntegrator
 from ._method import AbstractTStarMethod
 from ._common import (TStarState, check_weights,
                       dexp_star, dexpinv_truncated, dexpinv_truncated_vjp, safe_div,
-                      spatial_field, sprk_order, stage_field, to_spatial)
+                      spatial_field, sprk_order, stage_field, stage_times,
+                      to_spatial, at_time)
 
 __all__ = ["VRKMK", "kutta3_tableau", "vrkmk_order"]
 
@@ -162,9 +163,10 @@ class VRKMK(AbstractTStarMethod):
         G = system.group
         v0 = jnp.asarray(v0)
         t0 = jnp.asarray(t0, v0.dtype)
-        p0 = system.momentum(q0, v0)
+        sys0 = at_time(system, t0)
+        p0 = sys0.momentum(q0, v0)
         mu0 = to_spatial(G, q0, p0)
-        xi0, n0 = spatial_field(system, q0, mu0)
+        xi0, n0 = spatial_field(sys0, q0, mu0)
         _, b, c, chat = self._coefficients(v0.dtype)
         # Predictor of the first step (abelian form of eq. (16), per unit step): X_i = h c_i ξ0,
         # M_i = μ0 + h ĉ_i (n0 − ad*_{ξ0} μ0), λ_i = −h b_i n0.
@@ -181,15 +183,16 @@ class VRKMK(AbstractTStarMethod):
         q0, p0 = state.q, state.p
         dtype = p0.dtype
         h = jnp.asarray(h, dtype)
-        a, b, _, _ = self._coefficients(dtype)
+        a, b, c, _ = self._coefficients(dtype)
         mu0 = to_spatial(G, q0, p0)
         force = self._force(system, state, h, u)
+        times = stage_times(system, state.t, h, c)
 
         def update(z):
             X, M, lam = z
             E = jax.vmap(G.exp)(X)
             Q = jax.vmap(lambda e: G.compose(e, q0))(E)
-            xi, n, _, nbar = stage_field(system, Q, M, force)
+            xi, n, _, nbar = stage_field(system, Q, M, force, times)
             eta = jax.vmap(lambda x, v: dexpinv_truncated(G, r, x, v))(X, xi)
             Y = h * (b @ eta)
             nu = mu0 + h * (b @ jax.vmap(G.Ad_star)(E, n))
@@ -214,6 +217,3 @@ class VRKMK(AbstractTStarMethod):
         new = TStarState(t=state.t + h, q=q1, p=p1, stages=stages)
         return new, stats
 
-    def velocity(self, system: LieGroupSystem, state: TStarState):
-        """The body velocity ``ξ`` with ``D2ℓ(q, ξ) = p``."""
-        return system.velocity(state.q, state.p)
