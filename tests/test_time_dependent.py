@@ -18,7 +18,9 @@ nodes, ``system.at(t_k + c_i h)``.  Checked here, all from ``t0 = 0.3`` (a wrong
 5. physics: Kapitza's inverted pendulum is stable for ``a² ω² > 2 g l`` and falls otherwise;
 6. orders of the Lie-group families (``GroupVPRK``, ``VRKMK``, ``VCG``) on a heavy top in
    pulsed gravity, reference DOP853 on the rotation matrix and the time-dependent
-   Euler--Poincaré equations.
+   Euler--Poincaré equations;
+7. orders of the discrete Lagrange--d'Alembert steps on a nonholonomic particle in a pulsed
+   potential, reference DOP853 on the index-1 equations.
 """
 
 from __future__ import annotations
@@ -344,8 +346,11 @@ def test_methods_declare_the_capability():
     assert vj.HolonomicVPRK.rattle().accepts(ModulatedCartesianPendulum())
     for integ in (vj.GroupVPRK.gauss(2), vj.VRKMK.gauss(2), vj.VCG.triple_jump()):
         assert integ.accepts(PulsedTop())
-    for integ in (vj.DiscreteGradient.gonzalez(), vj.DiscreteLagrangeDAlembert.implicit()):
-        assert vj.TimeDependentSystem not in integ.supported
+    for integ in (vj.DiscreteLagrangeDAlembert.semi_implicit(),
+                  vj.DiscreteLagrangeDAlembert.implicit()):
+        assert integ.accepts(PulsedParticle())
+    # the discrete gradients keep an energy a time-dependent system does not have
+    assert not vj.DiscreteGradient.gonzalez().accepts(PulsedParticle())
     assert vj.TimeDependentSystem in vj.systems.CAPABILITIES
     assert eqx.tree_equal(system.at(1.5).at(0.0), system.at(0.0))
 
@@ -419,3 +424,56 @@ def test_time_dependent_order_on_a_group(method):
         p = slope(errors[:, column])
         assert abs(p - order) <= 0.35, (f"{integrator.name}: slope in {what} {p:.2f}, expected "
                                         f"{order} (errors {errors[:, column]})")
+
+
+# --------------------------------------------------------------------------------------------
+# 7. Nonholonomic: the discrete Lagrange-d'Alembert steps on a particle in a pulsed potential
+# --------------------------------------------------------------------------------------------
+
+
+class PulsedParticle(vj.systems.NonholonomicParticle, vj.TimeDependentSystem):
+    """The nonholonomic particle with stiffness ``k (1 + ε sin ωt)``."""
+
+    def potential(self, q):
+        pulse = 1.0 + EPS * jnp.sin(FREQ * self.time)
+        return pulse * vj.systems.NonholonomicParticle.potential(self, q)
+
+
+@functools.lru_cache(maxsize=None)
+def particle_reference():
+    """``(q, p)`` at ``T0 + T_SPAN`` from DOP853 on the index-1 equations
+    (:func:`vijax.constraints.nonholonomic_acceleration`, with the clock)."""
+    system = PulsedParticle()
+
+    @jax.jit
+    def rhs(t, y):
+        q, v = y[:3], y[3:]
+        return jnp.concatenate([v, vj.constraints.nonholonomic_acceleration(system, q, v, t)[0]])
+
+    q0, v0 = vj.systems.NonholonomicParticle.initial_conditions()
+    sol = solve_ivp(lambda t, y: np.asarray(rhs(jnp.asarray(t), jnp.asarray(y))),
+                    (T0, T0 + T_SPAN), np.concatenate([q0, v0]), method="DOP853", rtol=1e-13,
+                    atol=1e-14)
+    assert sol.success
+    return sol.y[:3, -1], sol.y[3:, -1]     # unit mass: p = v
+
+
+@pytest.mark.parametrize("scheme", ["semi_implicit", "implicit"])
+def test_time_dependent_order_of_the_dla_steps(scheme):
+    """SI-DLA and I-DLA evaluate the pulsed potential at the step's midpoint time: order 2 in
+    ``q`` and ``p``, the constraint kept at the nodes; the potential at the step's start
+    instead (a wrong clock) gives order 1 (measured for both)."""
+    integrator = vj.DiscreteLagrangeDAlembert(scheme)
+    assert integrator.accepts(PulsedParticle())
+    q_ref, p_ref = particle_reference()
+    q0, v0 = vj.systems.NonholonomicParticle.initial_conditions()
+    runs = final_states(PulsedParticle(), integrator, q0, v0)
+    errors = np.array([[np.linalg.norm(np.asarray(s.q) - q_ref),
+                        np.linalg.norm(np.asarray(s.p) - p_ref)] for s, _ in runs])
+    for s, v in runs:
+        assert abs(float(PulsedParticle().nonholonomic(s.q, v)[0])) <= 1e-14
+    assert np.all(errors[-1] > 1e-10), errors
+    for column, what in ((0, "q"), (1, "p")):
+        p = slope(errors[:, column])
+        assert abs(p - 2) <= 0.35, (f"{integrator.name}: slope in {what} {p:.2f}, expected 2 "
+                                    f"(errors {errors[:, column]})")

@@ -25,7 +25,10 @@ grows linearly in time on chaotic problems, McLachlan & Perlmutter (2006)).
 Forcing (:class:`vijax.ForcedSystem`): the force at the step midpoint,
 ``F(t + h/2, q̄, (q_{k+1} - q_k)/h)``, adds ``h F`` to the momentum change (``(h/2) F`` at
 each node for I-DLA: the discrete Lagrange--d'Alembert forces ``F_d^±``, Marsden & West (2001),
-§3).  Both methods are symmetric and of order 2.
+§3).  A time-dependent Lagrangian (:class:`vijax.TimeDependentSystem`) is evaluated at the
+step's midpoint time ``t + h/2`` (the midpoint discrete Lagrangian in time, Marsden & West
+(2001), Part 4), the new node momentum at ``t + h``.  Both methods are symmetric and of
+order 2.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ from jaxtyping import Array, Float
 from .. import _linalg
 from .._typing import ScalarLike, Vector
 from ..solvers import AbstractRootSolver, Newton, SolverStats
-from ..systems import MechanicalSystem
+from ..systems import ForcedSystem, MechanicalSystem, NonholonomicSystem, TimeDependentSystem
+from ..systems._base import at_time
 from ._base import AbstractIntegrator, AbstractState, IncompatibleSystemError, accepting
 from .discrete_gradients import (AbstractLinearNonholonomicMethod, constraint_forms,
                                  require_linear_constraints)
@@ -71,6 +75,10 @@ class DiscreteLagrangeDAlembert(AbstractLinearNonholonomicMethod):
 
     symplectic = False
     system_type = MechanicalSystem
+    # a time-dependent Lagrangian is evaluated at the step's midpoint time t + h/2 (the
+    # midpoint rule in time of the discrete Lagrangian, Marsden & West (2001), Part 4), the
+    # node momenta at the node times
+    supported = frozenset({NonholonomicSystem, ForcedSystem, TimeDependentSystem})
 
     def __init__(self, scheme: Literal["semi_implicit", "implicit"] = "semi_implicit",
                  solver: AbstractRootSolver | None = None):
@@ -133,7 +141,8 @@ class DiscreteLagrangeDAlembert(AbstractLinearNonholonomicMethod):
 
     def init(self, system, t0: ScalarLike, q0: Vector, v0: Vector) -> DLAState:
         require_linear_constraints(self, system)
-        return DLAState(t=jnp.asarray(t0, q0.dtype), q=q0, p=system.mass_matrix(q0) @ v0, v=v0)
+        t0 = jnp.asarray(t0, q0.dtype)
+        return DLAState(t=t0, q=q0, p=at_time(system, t0).mass_matrix(q0) @ v0, v=v0)
 
     def velocity(self, system, state: DLAState) -> Vector:
         return state.v
@@ -147,11 +156,13 @@ class DiscreteLagrangeDAlembert(AbstractLinearNonholonomicMethod):
                 return jnp.zeros_like(q0)
             return force((0.5 * (q0 + q1))[None, :], ((q1 - q0) / h)[None, :])[0]
 
+        # the system at the step's midpoint time, and at its end (the new node momentum)
+        mid, end = at_time(system, state.t + 0.5 * h), at_time(system, state.t + h)
         if self.scheme == "semi_implicit":
-            return self._step_si(system, state, h, midpoint_force)
-        return self._step_implicit(system, state, h, midpoint_force)
+            return self._step_si(mid, end, state, h, midpoint_force)
+        return self._step_implicit(mid, end, state, h, midpoint_force)
 
-    def _step_si(self, system, state, h, midpoint_force):
+    def _step_si(self, system, end, state, h, midpoint_force):
         q, v = state.q, state.v
         M = system.mass_matrix(q)
         qh = q + 0.5 * h * v
@@ -170,9 +181,9 @@ class DiscreteLagrangeDAlembert(AbstractLinearNonholonomicMethod):
         x0 = (v - h * _linalg.solve(M, dV), jnp.zeros((Ah.shape[0],), q.dtype))
         (v1, _), stats = self.solver.solve(residual, x0)
         q1 = qh + 0.5 * h * v1
-        return DLAState(t=state.t + h, q=q1, p=system.mass_matrix(q1) @ v1, v=v1), stats
+        return DLAState(t=state.t + h, q=q1, p=end.mass_matrix(q1) @ v1, v=v1), stats
 
-    def _step_implicit(self, system, state, h, midpoint_force):
+    def _step_implicit(self, system, end, state, h, midpoint_force):
         q, p, v = state.q, state.p, state.v
 
         def Ld(a, b):
@@ -195,8 +206,8 @@ class DiscreteLagrangeDAlembert(AbstractLinearNonholonomicMethod):
         (q1, _), stats = self.solver.solve(residual, x0)
         F = midpoint_force(q, q1)
         p_free = jax.grad(Ld, argnums=1)(q, q1) + 0.5 * h * F
-        A1 = constraint_forms(system, q1)
-        minv = system.inverse_mass_matrix(q1)
+        A1 = constraint_forms(end, q1)
+        minv = end.inverse_mass_matrix(q1)
         nu = _linalg.solve(A1 @ minv @ A1.T, -(A1 @ (minv @ p_free)))
         p1 = p_free + A1.T @ nu
         return DLAState(t=state.t + h, q=q1, p=p1, v=minv @ p1), stats

@@ -30,7 +30,6 @@ from .._base import AbstractState
 
 __all__ = [
     "TStarState",
-    "at_time",
     "bernoulli",
     "dexp_star",
     "dexpinv_truncated",
@@ -165,12 +164,6 @@ def _body_field(system: LieGroupSystem, q, mubar):
     G = system.group
     xib = system.velocity(q, mubar)
     return xib, system.d1_lagrangian(q, xib) + G.ad_star(xib, mubar)
-
-
-def at_time(system, t):
-    """``system`` with its clock at ``t`` (:meth:`vijax.TimeDependentSystem.at`); any other
-    system as it is."""
-    return system.at(t) if isinstance(system, TimeDependentSystem) else system
 
 
 def stage_times(system, t, h, c):

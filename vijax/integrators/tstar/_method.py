@@ -8,7 +8,8 @@ from ... import tableaus as tb
 from ...solvers import AbstractRootSolver
 from ...systems import LieGroupSystem
 from .._base import AbstractIntegrator
-from ._common import REQUIRED, SUPPORTED, at_time, default_solver
+from ...systems._base import at_time
+from ._common import REQUIRED, SUPPORTED, default_solver
 
 __all__ = ["AbstractTStarMethod"]
 

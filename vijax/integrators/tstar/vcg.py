@@ -41,11 +41,12 @@ from ... import tableaus as tb
 from ..._typing import ScalarLike
 from ...solvers import AbstractRootSolver, SolverStats
 from ...systems import LieGroupSystem
+from ...systems._base import at_time
 from .._base import AbstractIntegrator
 from ._method import AbstractTStarMethod
 from ._common import (TStarState, check_weights,
                       dexp_star, safe_div, spatial_field, stage_field, stage_times,
-                      to_spatial, at_time)
+                      to_spatial)
 
 __all__ = ["VCG", "composition_tableau", "vcg_order_conditions", "vcg_order",
            "TRIPLE_JUMP", "YOSHIDA6"]

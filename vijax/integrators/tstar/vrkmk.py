@@ -41,12 +41,13 @@ from ... import tableaus as tb
 from ..._typing import ScalarLike
 from ...solvers import AbstractRootSolver, SolverStats
 from ...systems import LieGroupSystem
+from ...systems._base import at_time
 from .._base import AbstractIntegrator
 from ._method import AbstractTStarMethod
 from ._common import (TStarState, check_weights,
                       dexp_star, dexpinv_truncated, dexpinv_truncated_vjp, safe_div,
                       spatial_field, sprk_order, stage_field, stage_times,
-                      to_spatial, at_time)
+                      to_spatial)
 
 __all__ = ["VRKMK", "kutta3_tableau", "vrkmk_order"]
 
