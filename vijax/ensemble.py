@@ -212,7 +212,7 @@ def _refuse_member(members, shared, name: str, n_steps: int, project: bool) -> N
     count = x0.shape[0]
     rows = lambda x: np.asarray(x).reshape(count, -1)  # noqa: E731
     finite = np.all(np.isfinite(np.concatenate(
-        [rows(x) for x in jax.tree.leaves((q0, x0)) + [x0]], axis=1)), axis=1)
+        [rows(x) for x in jax.tree.leaves((q0, x0))], axis=1)), axis=1)
     for i in np.argsort(finite, kind="stable"):   # the non-finite members first
         member = jax.tree.map(lambda x: x[i], (params, q0, x0))
         one = eqx.combine(member[0], system)
