@@ -126,6 +126,11 @@ def test_a_bad_member_input_is_named():
                        match=r"^member 2 of 4: v0 violates the hidden constraint"):
         vj.simulate_ensemble(S.CartesianPendulum(), vj.HolonomicVPRK.rattle(), q0=cq0, v0=cv0,
                              dt=0.1, n_steps=2)
+    rotations = np.tile(np.eye(3), (3, 1, 1))
+    rotations[1, 0, 0] = 1.5
+    with pytest.raises(ValueError, match=r"^member 1 of 3: q0 is not an element of SO3"):
+        vj.simulate_ensemble(S.HeavyTop(), vj.VRKMK.midpoint(), q0=rotations,
+                             v0=np.tile([0.5, -0.3, 2.0], (3, 1)), dt=0.1, n_steps=2)
 
 
 def test_a_called_ensemble_runs_a_block_per_core(monkeypatch):
