@@ -50,6 +50,15 @@ def slope(errors):
     return float(np.polyfit(np.log(T_SPAN / np.asarray(STEPS, float)), np.log(errors), 1)[0])
 
 
+def assert_orders(name, errors, order, variables):
+    """Each column of ``errors`` (one row per entry of ``STEPS``) falls with slope ``order``
+    (within 0.35); ``variables`` names the columns."""
+    for column, what in enumerate(variables):
+        p = slope(errors[:, column])
+        assert abs(p - order) <= 0.35, (f"{name}: slope in {what} {p:.2f}, expected {order} "
+                                        f"(errors {errors[:, column]})")
+
+
 @functools.partial(jax.jit, static_argnums=(1,))
 def _advance(system, integrator, q0, v0, h, n):
     """``n`` steps (traced: one compilation per method) from ``(q0, v0)`` at ``T0``."""
@@ -130,10 +139,7 @@ def test_time_dependent_order(method):
     errors = np.array([[abs(float(s.q[0]) - th_ref), abs(float(s.p[0]) - p_ref)]
                        for s, _ in runs])
     assert np.all(errors[-1] > 1e-13), errors
-    for column, what in ((0, "q"), (1, "p")):
-        p = slope(errors[:, column])
-        assert abs(p - order) <= 0.35, (f"{integrator.name}: slope in {what} {p:.2f}, expected "
-                                        f"{order} (errors {errors[:, column]})")
+    assert_orders(integrator.name, errors, order, ("q", "p"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -193,10 +199,8 @@ def test_constrained_time_dependent_order(method):
     errors = np.array(errors)
     assert residual <= 1e-12
     assert np.all(errors[-1] > 1e-13), errors
-    for column, what in ((0, "theta"), (1, "angular velocity"), (2, "multiplier (70)")):
-        p = slope(errors[:, column])
-        assert abs(p - order) <= 0.35, (f"{integrator.name}: slope in {what} {p:.2f}, expected "
-                                        f"{order} (errors {errors[:, column]})")
+    assert_orders(integrator.name, errors, order,
+                  ("theta", "angular velocity", "multiplier (70)"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -420,10 +424,7 @@ def test_time_dependent_order_on_a_group(method):
     errors = np.array([[np.linalg.norm(np.asarray(s.q) - g_ref),
                         np.linalg.norm(np.asarray(s.p) - mu_ref)] for s, _ in runs])
     assert np.all(errors[-1] > 1e-12), errors
-    for column, what in ((0, "g"), (1, "mu")):
-        p = slope(errors[:, column])
-        assert abs(p - order) <= 0.35, (f"{integrator.name}: slope in {what} {p:.2f}, expected "
-                                        f"{order} (errors {errors[:, column]})")
+    assert_orders(integrator.name, errors, order, ("g", "mu"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -473,7 +474,4 @@ def test_time_dependent_order_of_the_dla_steps(scheme):
     for s, v in runs:
         assert abs(float(PulsedParticle().nonholonomic(s.q, v)[0])) <= 1e-14
     assert np.all(errors[-1] > 1e-10), errors
-    for column, what in ((0, "q"), (1, "p")):
-        p = slope(errors[:, column])
-        assert abs(p - 2) <= 0.35, (f"{integrator.name}: slope in {what} {p:.2f}, expected 2 "
-                                    f"(errors {errors[:, column]})")
+    assert_orders(integrator.name, errors, 2, ("q", "p"))
