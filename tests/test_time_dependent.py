@@ -355,6 +355,11 @@ def test_methods_declare_the_capability():
         assert integ.accepts(PulsedParticle())
     # the discrete gradients keep an energy a time-dependent system does not have
     assert not vj.DiscreteGradient.gonzalez().accepts(PulsedParticle())
+    q0, v0 = vj.systems.NonholonomicParticle.initial_conditions()
+    with pytest.raises(vj.IncompatibleSystemError,
+                       match=r"TimeDependentSystem.*accept it: .*DiscreteLagrangeDAlembert"):
+        vj.simulate(PulsedParticle(), vj.DiscreteGradient.gonzalez(), q0=q0, v0=v0, dt=0.1,
+                    n_steps=2)
     assert vj.TimeDependentSystem in vj.systems.CAPABILITIES
     assert eqx.tree_equal(system.at(1.5).at(0.0), system.at(0.0))
 
