@@ -357,7 +357,8 @@ def test_methods_declare_the_capability():
     assert not vj.DiscreteGradient.gonzalez().accepts(PulsedParticle())
     q0, v0 = vj.systems.NonholonomicParticle.initial_conditions()
     with pytest.raises(vj.IncompatibleSystemError,
-                       match=r"TimeDependentSystem.*accept it: .*DiscreteLagrangeDAlembert"):
+                       match=r"TimeDependentSystem, which .* not support \(a discrete gradient "
+                             r"keeps the energy.*accept it: .*DiscreteLagrangeDAlembert"):
         vj.simulate(PulsedParticle(), vj.DiscreteGradient.gonzalez(), q0=q0, v0=v0, dt=0.1,
                     n_steps=2)
     assert vj.TimeDependentSystem in vj.systems.CAPABILITIES

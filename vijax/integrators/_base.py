@@ -59,6 +59,7 @@ class AbstractIntegrator(eqx.Module):
     * ``supported``: the capability bases (e.g. :class:`vijax.HolonomicSystem`) it can
       handle -- a system declaring any other capability is refused;
     * ``required``: the capability bases it needs -- a system lacking one is refused;
+    * ``refused_because``: for a capability it does not support, why (said in the refusal);
     * :meth:`presets`: the named configurations listed in the method table and run by the
       contract test.
 
@@ -70,6 +71,7 @@ class AbstractIntegrator(eqx.Module):
     system_type: ClassVar[type] = LagrangianSystem
     supported: ClassVar[frozenset] = frozenset()
     required: ClassVar[frozenset] = frozenset()
+    refused_because: ClassVar[dict] = {}
 
     def __check_init__(self):
         solver = getattr(self, "solver", None)  # a field of most families, never a capability
@@ -137,12 +139,14 @@ class AbstractIntegrator(eqx.Module):
                    f"vijax.{base} and implement its abstract methods)")
         else:
             caps = capabilities(system)
-            extra = sorted(c.__name__ for c in caps - self.supported)
+            extra = sorted(caps - self.supported, key=lambda c: c.__name__)
             missing = sorted(c.__name__ for c in self.required - caps)
             parts = []
             if extra:
-                parts.append(f"{sysname} is a {', '.join(extra)}, which {self.name} does not "
-                             f"support")
+                reasons = [self.refused_because[c] for c in extra if c in self.refused_because]
+                parts.append(f"{sysname} is a {', '.join(c.__name__ for c in extra)}, which "
+                             f"{self.name} does not support"
+                             + "".join(f" ({reason})" for reason in reasons))
             if missing:
                 parts.append(f"{self.name} needs a {', '.join(missing)}, which {sysname} is not")
             why = "; ".join(parts) or f"{self.name} does not accept {sysname}"

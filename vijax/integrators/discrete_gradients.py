@@ -56,7 +56,7 @@ from ..constraints import check_nonholonomic_consistent
 from .._typing import ScalarLike, Vector
 from ..quadrature import gauss_quadrature
 from ..solvers import AbstractRootSolver, FixedPoint, Newton, SolverStats, StartAsRoot
-from ..systems import ForcedSystem, MechanicalSystem, NonholonomicSystem
+from ..systems import ForcedSystem, MechanicalSystem, NonholonomicSystem, TimeDependentSystem
 from ._base import (AbstractIntegrator, AbstractState, IncompatibleSystemError, accepting,
                     with_fields)
 
@@ -591,6 +591,9 @@ class DiscreteGradient(AbstractLinearNonholonomicMethod):
 
     symplectic = False
     system_type = MechanicalSystem
+    refused_because = {TimeDependentSystem: "a discrete gradient keeps the energy, which an "
+                                            "explicitly time-dependent Lagrangian does not "
+                                            "conserve"}
 
     def __init__(self, gradient: Literal["avf", "gonzalez", "itoh_abe"] = "gonzalez",
                  nodes: int = 12, formulation: Literal["reduced", "full"] = "reduced",
