@@ -43,8 +43,7 @@ from jaxtyping import Array, Float
 from .. import _linalg
 from .._typing import ScalarLike, Vector
 from ..solvers import AbstractRootSolver, Newton, SolverStats
-from ..systems import ForcedSystem, MechanicalSystem, NonholonomicSystem, TimeDependentSystem
-from ..systems._base import at_time
+from ..systems import MechanicalSystem, TimeDependentSystem
 from ._base import AbstractIntegrator, AbstractState, IncompatibleSystemError, accepting
 from .discrete_gradients import (AbstractLinearNonholonomicMethod, constraint_forms,
                                  require_linear_constraints)
@@ -78,7 +77,7 @@ class DiscreteLagrangeDAlembert(AbstractLinearNonholonomicMethod):
     # a time-dependent Lagrangian is evaluated at the step's midpoint time t + h/2 (the
     # midpoint rule in time of the discrete Lagrangian, Marsden & West (2001), Part 4), the
     # node momenta at the node times
-    supported = frozenset({NonholonomicSystem, ForcedSystem, TimeDependentSystem})
+    supported = AbstractLinearNonholonomicMethod.supported | {TimeDependentSystem}
 
     def __init__(self, scheme: Literal["semi_implicit", "implicit"] = "semi_implicit",
                  solver: AbstractRootSolver | None = None):
@@ -142,7 +141,7 @@ class DiscreteLagrangeDAlembert(AbstractLinearNonholonomicMethod):
     def init(self, system, t0: ScalarLike, q0: Vector, v0: Vector) -> DLAState:
         require_linear_constraints(self, system)
         t0 = jnp.asarray(t0, q0.dtype)
-        return DLAState(t=t0, q=q0, p=at_time(system, t0).mass_matrix(q0) @ v0, v=v0)
+        return DLAState(t=t0, q=q0, p=system.at(t0).mass_matrix(q0) @ v0, v=v0)
 
     def velocity(self, system, state: DLAState) -> Vector:
         return state.v
@@ -157,7 +156,7 @@ class DiscreteLagrangeDAlembert(AbstractLinearNonholonomicMethod):
             return force((0.5 * (q0 + q1))[None, :], ((q1 - q0) / h)[None, :])[0]
 
         # the system at the step's midpoint time, and at its end (the new node momentum)
-        mid, end = at_time(system, state.t + 0.5 * h), at_time(system, state.t + h)
+        mid, end = system.at(state.t + 0.5 * h), system.at(state.t + h)
         if self.scheme == "semi_implicit":
             return self._step_si(mid, end, state, h, midpoint_force)
         return self._step_implicit(mid, end, state, h, midpoint_force)

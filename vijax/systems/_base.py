@@ -249,12 +249,6 @@ class TimeDependentSystem(LagrangianSystem):
         return jax.jvp(lambda s: self.at(s).momentum(q, v), (t,), (jnp.ones_like(t),))[1]
 
 
-def at_time(system, t):
-    """``system`` with its clock at ``t`` (:meth:`TimeDependentSystem.at`); any other system as
-    it is."""
-    return system.at(t) if isinstance(system, TimeDependentSystem) else system
-
-
 class MechanicalSystem(LagrangianSystem):
     """``L = 1/2 v^T M(q) v - V(q)``: implement :meth:`mass_matrix` and :meth:`potential`.
 

@@ -27,6 +27,7 @@ from ... import tableaus as tb
 from ...solvers import FixedPoint, default_tolerance
 from ...systems import ForcedSystem, LieGroupSystem, TimeDependentSystem
 from .._base import AbstractState
+from .._prk_core import at_nodes
 
 __all__ = [
     "TStarState",
@@ -36,7 +37,6 @@ __all__ = [
     "dexpinv_truncated_vjp",
     "spatial_field",
     "stage_field",
-    "stage_times",
     "to_spatial",
     "to_body",
     "check_weights",
@@ -166,20 +166,12 @@ def _body_field(system: LieGroupSystem, q, mubar):
     return xib, system.d1_lagrangian(q, xib) + G.ad_star(xib, mubar)
 
 
-def stage_times(system, t, h, c):
-    """``t + c_i h`` for a :class:`vijax.TimeDependentSystem` (where its stages are
-    evaluated), else ``None``."""
-    if not isinstance(system, TimeDependentSystem):
-        return None
-    return t + h * c
-
-
 def stage_field(system: LieGroupSystem, Q, M, force=None, times=None):
     """The paper's ``(ξ_i, n_i) = f(Q_i, M_i)`` at stacked stages (``Q`` a batch of group
     elements, ``M`` ``(s, d)`` spatial momenta), and the body forms ``(ξ̄_i, n̄_i)``;
-    ``times``: the stage times of a :class:`vijax.TimeDependentSystem`, whose Lagrangian is
-    evaluated on ``system.at(t_i)`` (the discrete Lagrangian's quadrature at its nodes,
-    Marsden & West (2001), Part 4), or ``None``.
+    ``times``: the stage times, where the Lagrangian is evaluated (``system.at(t_i)``: the
+    clock of a :class:`vijax.TimeDependentSystem`, the discrete Lagrangian's quadrature at its
+    nodes, Marsden & West (2001), Part 4), or ``None``.
 
     ``f`` (Bogfjellmo & Marthinsen (2016), eqs. (4)--(5)) is, for the right-trivialised
     Lagrangian ``ℓ_R(q, ξ_s) = ℓ(q, Ad_{q⁻¹} ξ_s)``, ``f(q, D2ℓ_R(q, ξ_s)) = (ξ_s,
@@ -191,10 +183,7 @@ def stage_field(system: LieGroupSystem, Q, M, force=None, times=None):
     ``(ξ, n, ξ̄, n̄)``, each ``(s, d)``."""
     G = system.group
     mubar = jax.vmap(G.Ad_star)(Q, M)
-    if times is None:
-        xib, nbar = jax.vmap(lambda q, m: _body_field(system, q, m))(Q, mubar)
-    else:
-        xib, nbar = jax.vmap(lambda t, q, m: _body_field(system.at(t), q, m))(times, Q, mubar)
+    xib, nbar = at_nodes(system, times, _body_field, Q, mubar)
     if force is not None:
         nbar = nbar + force(Q, xib)
     xi = jax.vmap(G.Ad_apply)(Q, xib)

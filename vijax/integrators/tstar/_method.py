@@ -8,7 +8,6 @@ from ... import tableaus as tb
 from ...solvers import AbstractRootSolver
 from ...systems import LieGroupSystem
 from .._base import AbstractIntegrator
-from ...systems._base import at_time
 from ._common import REQUIRED, SUPPORTED, default_solver
 
 __all__ = ["AbstractTStarMethod"]
@@ -49,4 +48,4 @@ class AbstractTStarMethod(AbstractIntegrator):
 
     def velocity(self, system: LieGroupSystem, state):
         """The body velocity ``ξ`` with ``D2ℓ(q, ξ) = p`` (at the state's time)."""
-        return at_time(system, state.t).velocity(state.q, state.p)
+        return system.at(state.t).velocity(state.q, state.p)

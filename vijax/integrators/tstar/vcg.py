@@ -41,12 +41,10 @@ from ... import tableaus as tb
 from ..._typing import ScalarLike
 from ...solvers import AbstractRootSolver, SolverStats
 from ...systems import LieGroupSystem
-from ...systems._base import at_time
 from .._base import AbstractIntegrator
 from ._method import AbstractTStarMethod
 from ._common import (TStarState, check_weights,
-                      dexp_star, safe_div, spatial_field, stage_field, stage_times,
-                      to_spatial)
+                      dexp_star, safe_div, spatial_field, stage_field, to_spatial)
 
 __all__ = ["VCG", "composition_tableau", "vcg_order_conditions", "vcg_order",
            "TRIPLE_JUMP", "YOSHIDA6"]
@@ -287,7 +285,7 @@ class VCG(AbstractTStarMethod):
         G = system.group
         v0 = jnp.asarray(v0)
         t0 = jnp.asarray(t0, v0.dtype)
-        sys0 = at_time(system, t0)
+        sys0 = system.at(t0)
         p0 = sys0.momentum(q0, v0)
         mu0 = to_spatial(G, q0, p0)
         xi0, n0 = spatial_field(sys0, q0, mu0)
@@ -309,7 +307,8 @@ class VCG(AbstractTStarMethod):
         a, b, _ = self._coefficients(dtype)
         mu0 = to_spatial(G, q0, p0)
         force = self._force(system, state, h, u)
-        times = stage_times(system, state.t, h, jnp.asarray(self.tableau.c, dtype))
+        # the stage times (the clock of a TimeDependentSystem)
+        times = state.t + h * jnp.asarray(self.tableau.c, dtype)
         tmap = jax.tree_util.tree_map
         # Rows k = 1..s are the stages, row s+1 the update: q^j is the partial product of the
         # row b, Q_{kj} that of row k of a.

@@ -41,13 +41,11 @@ from ... import tableaus as tb
 from ..._typing import ScalarLike
 from ...solvers import AbstractRootSolver, SolverStats
 from ...systems import LieGroupSystem
-from ...systems._base import at_time
 from .._base import AbstractIntegrator
 from ._method import AbstractTStarMethod
 from ._common import (TStarState, check_weights,
                       dexp_star, dexpinv_truncated, dexpinv_truncated_vjp, safe_div,
-                      spatial_field, sprk_order, stage_field, stage_times,
-                      to_spatial)
+                      spatial_field, sprk_order, stage_field, to_spatial)
 
 __all__ = ["VRKMK", "kutta3_tableau", "vrkmk_order"]
 
@@ -164,7 +162,7 @@ class VRKMK(AbstractTStarMethod):
         G = system.group
         v0 = jnp.asarray(v0)
         t0 = jnp.asarray(t0, v0.dtype)
-        sys0 = at_time(system, t0)
+        sys0 = system.at(t0)
         p0 = sys0.momentum(q0, v0)
         mu0 = to_spatial(G, q0, p0)
         xi0, n0 = spatial_field(sys0, q0, mu0)
@@ -187,7 +185,7 @@ class VRKMK(AbstractTStarMethod):
         a, b, c, _ = self._coefficients(dtype)
         mu0 = to_spatial(G, q0, p0)
         force = self._force(system, state, h, u)
-        times = stage_times(system, state.t, h, c)
+        times = state.t + h * c        # the stage times (the clock of a TimeDependentSystem)
 
         def update(z):
             X, M, lam = z
