@@ -50,6 +50,15 @@ def slope(errors):
     return float(np.polyfit(np.log(T_SPAN / np.asarray(STEPS, float)), np.log(errors), 1)[0])
 
 
+def dop853(rhs, y0):
+    """The state at ``T0 + T_SPAN`` of ``y' = rhs(t, y)`` from ``y0`` at ``T0`` (DOP853 at
+    tolerance 1e-13: the references of the order studies)."""
+    sol = solve_ivp(lambda t, y: np.asarray(rhs(t, y)), (T0, T0 + T_SPAN), np.asarray(y0),
+                    method="DOP853", rtol=1e-13, atol=1e-14)
+    assert sol.success, sol.message
+    return sol.y[:, -1]
+
+
 def assert_orders(name, errors, order, variables):
     """Each column of ``errors`` (one row per entry of ``STEPS``) falls with slope ``order``
     (within 0.35); ``variables`` names the columns."""
@@ -93,10 +102,7 @@ def kapitza_reference():
         ypdd = -A * OMEGA ** 2 * np.cos(OMEGA * t)
         return [y[1], -(GRAVITY + ypdd) * np.sin(y[0])]
 
-    sol = solve_ivp(rhs, (T0, T0 + T_SPAN), [THETA0, OMEGA0], method="DOP853", rtol=1e-13,
-                    atol=1e-14)
-    assert sol.success
-    th, w = sol.y[:, -1]
+    th, w = dop853(rhs, [THETA0, OMEGA0])
     ypd = -A * OMEGA * np.sin(OMEGA * (T0 + T_SPAN))
     return th, w + ypd * np.sin(th)          # (θ, p) with m = l = 1
 
@@ -163,9 +169,7 @@ def modulated_reference():
     def rhs(t, y):
         return [y[1], -GRAVITY * (1.0 + EPS * np.cos(FREQ * t)) * np.sin(y[0])]
 
-    sol = solve_ivp(rhs, (T0, T0 + T_SPAN), [1.2, 0.5], method="DOP853", rtol=1e-13, atol=1e-14)
-    assert sol.success
-    th, w = sol.y[:, -1]
+    th, w = dop853(rhs, [1.2, 0.5])
     lam = w ** 2 + GRAVITY * (1.0 + EPS * np.cos(FREQ * (T0 + T_SPAN))) * np.cos(th)
     return th, w, lam
 
@@ -397,11 +401,8 @@ def top_reference():
         return jnp.concatenate([(g @ G.hat(xi)).ravel(),
                                 vj.integrators.lie.euler_poincare(system, t, g, xi)])
 
-    sol = solve_ivp(lambda t, y: np.asarray(rhs(jnp.asarray(t), jnp.asarray(y))),
-                    (T0, T0 + T_SPAN), np.concatenate([TOP_G0.ravel(), TOP_XI0]),
-                    method="DOP853", rtol=1e-13, atol=1e-14)
-    assert sol.success
-    g, xi = sol.y[:9, -1].reshape(3, 3), sol.y[9:, -1]
+    y = dop853(rhs, np.concatenate([TOP_G0.ravel(), TOP_XI0]))
+    g, xi = y[:9].reshape(3, 3), y[9:]
     mu = system.at(jnp.asarray(T0 + T_SPAN)).momentum(jnp.asarray(g), jnp.asarray(xi))
     return g, np.asarray(mu)
 
@@ -458,11 +459,8 @@ def particle_reference():
         return jnp.concatenate([v, vj.constraints.nonholonomic_acceleration(system, q, v, t)[0]])
 
     q0, v0 = vj.systems.NonholonomicParticle.initial_conditions()
-    sol = solve_ivp(lambda t, y: np.asarray(rhs(jnp.asarray(t), jnp.asarray(y))),
-                    (T0, T0 + T_SPAN), np.concatenate([q0, v0]), method="DOP853", rtol=1e-13,
-                    atol=1e-14)
-    assert sol.success
-    return sol.y[:3, -1], sol.y[3:, -1]     # unit mass: p = v
+    y = dop853(rhs, np.concatenate([q0, v0]))
+    return y[:3], y[3:]     # unit mass: p = v
 
 
 @pytest.mark.parametrize("scheme", ["semi_implicit", "implicit"])
