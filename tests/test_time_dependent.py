@@ -20,7 +20,15 @@ nodes, ``system.at(t_k + c_i h)``.  Checked here, all from ``t0 = 0.3`` (a wrong
    pulsed gravity, reference DOP853 on the rotation matrix and the time-dependent
    Euler--Poincaré equations;
 7. orders of the discrete Lagrange--d'Alembert steps on a nonholonomic particle in a pulsed
-   potential, reference DOP853 on the index-1 equations.
+   potential, reference DOP853 on the index-1 equations;
+8. rheonomic holonomic constraints ``g(t, q) = 0`` (a bead on a hoop of prescribed radius
+   ``r(t)``): orders in ``q``, ``v`` and the multiplier against DOP853 on the hand-derived
+   angle equation, both constraints ``g = 0`` and ``G v + ∂g/∂t = 0`` at every step, the
+   helpers (hidden constraint, projections, multiplier by hand), the Lie-group PRK on ``R^n``
+   equal to the vector-space one, and DGVI's refusal;
+9. rheonomic nonholonomic constraints (``v_z = (y + ε sin ωt) v_x``): the multiplier by
+   hand, the index-1 reference keeping the constraint, and the orders of ``NonholonomicVPRK``
+   and the DLA steps.
 """
 
 from __future__ import annotations
@@ -479,3 +487,265 @@ def test_time_dependent_order_of_the_dla_steps(scheme):
         assert abs(float(PulsedParticle().nonholonomic(s.q, v)[0])) <= 1e-14
     assert np.all(errors[-1] > 1e-10), errors
     assert_orders(integrator.name, errors, 2, ("q", "p"))
+
+
+# --------------------------------------------------------------------------------------------
+# 8. Rheonomic holonomic constraints: a bead on a hoop of prescribed radius
+# --------------------------------------------------------------------------------------------
+
+R_AMP, R_FREQ = 0.2, 2.0             # r(t) = 1 + R_AMP sin(R_FREQ t)
+HOOP_TH0, HOOP_W0 = 0.7, 0.5
+
+
+def hoop_radius(t):
+    """``(r, r', r'')`` at ``t`` (NumPy)."""
+    s, c = np.sin(R_FREQ * t), np.cos(R_FREQ * t)
+    return 1.0 + R_AMP * s, R_AMP * R_FREQ * c, -R_AMP * R_FREQ ** 2 * s
+
+
+class BreathingHoop(vj.TimeDependentSystem, vj.HolonomicSystem, vj.MechanicalSystem):
+    """A unit-mass bead in gravity on a circle of radius ``r(t)`` about the origin, in
+    Cartesian coordinates: ``g(t, q) = (|q|² - r(t)²) / 2``, ``G = qᵀ``.  In the angle
+    ``q = r (sin θ, -cos θ)``: ``r² θ'' + 2 r r' θ' + g r sin θ = 0`` and, from the radial
+    equation, the multiplier ``λ = (g cos θ + r θ'² - r'') / r``."""
+
+    def mass_matrix(self, q):
+        return jnp.eye(2, dtype=q.dtype)
+
+    def potential(self, q):
+        return GRAVITY * q[1]
+
+    def holonomic(self, q):
+        r = 1.0 + R_AMP * jnp.sin(R_FREQ * self.time)
+        return jnp.atleast_1d(0.5 * (q @ q - r ** 2))
+
+
+def hoop_state(t, th, w):
+    """``(q, v, λ)`` of the bead at angle ``th`` and angular velocity ``w`` at ``t``."""
+    r, rd, rdd = hoop_radius(t)
+    e_r, e_t = np.array([np.sin(th), -np.cos(th)]), np.array([np.cos(th), np.sin(th)])
+    lam = (GRAVITY * np.cos(th) + r * w ** 2 - rdd) / r
+    return r * e_r, rd * e_r + r * w * e_t, lam
+
+
+@functools.lru_cache(maxsize=None)
+def hoop_reference():
+    def rhs(t, y):
+        r, rd, _ = hoop_radius(t)
+        return [y[1], -(2.0 * rd * y[1] + GRAVITY * np.sin(y[0])) / r]
+
+    return hoop_state(T0 + T_SPAN, *dop853(rhs, [HOOP_TH0, HOOP_W0]))
+
+
+RHEONOMIC = {
+    "rattle": (vj.HolonomicVPRK.rattle, 2),
+    "holonomic-lobatto3": (lambda: vj.HolonomicVPRK.lobatto(3), 4),
+    "holonomic-lobatto4": (lambda: vj.HolonomicVPRK.lobatto(4), 6),
+    "galerkin-rattle": (vj.GalerkinVI.rattle, 2),
+    "galerkin-gauss2": (lambda: vj.GalerkinVI.gauss(2), 4),
+    "galerkin-lobatto3": (lambda: vj.GalerkinVI.lobatto(3), 6),
+}
+
+
+@pytest.mark.parametrize("method", list(RHEONOMIC))
+def test_rheonomic_constraint_order(method):
+    """Each constrained family keeps its order with the constraint at the times of its nodes
+    (position rows at the stage or constraint-node times, ``G v + ∂g/∂t = 0`` at the new
+    node).  With the constraint read at a fixed clock (before this was built) the bead stayed
+    on the hoop of radius ``r(0)``: the radius off by up to 0.2 and no convergence."""
+    make, order = RHEONOMIC[method]
+    integrator = make()
+    system = BreathingHoop()
+    q_ref, v_ref, lam_ref = hoop_reference()
+    q0, v0, _ = hoop_state(T0, HOOP_TH0, HOOP_W0)
+    at_end = system.at(jnp.asarray(T0 + T_SPAN))
+    errors = []
+    for state, v in final_states(system, integrator, jnp.asarray(q0), jnp.asarray(v0)):
+        lam = float(vj.constraints.multiplier(at_end, state.q, v)[0])
+        errors.append([np.max(np.abs(np.asarray(state.q) - q_ref)),
+                       np.max(np.abs(np.asarray(v) - v_ref)), abs(lam - lam_ref)])
+        assert abs(float(at_end.holonomic(state.q)[0])) <= 1e-13
+        assert abs(float(vj.constraints.hidden_constraint(at_end, state.q, v)[0])) <= 1e-12
+    errors = np.array(errors)
+    assert np.all(errors[-1] > 1e-13), errors
+    assert_orders(integrator.name, errors, order, ("q", "v", "multiplier"))
+
+
+@pytest.mark.parametrize("make", [vj.HolonomicVPRK.rattle, lambda: vj.GalerkinVI.gauss(3)])
+def test_rheonomic_constraints_hold_at_every_step(make):
+    """``simulate`` from ``t0 = 0.3`` over 400 steps: ``g(t_k, q_k) = 0`` and
+    ``G v_k + ∂g/∂t = 0`` at every saved node, while the radius changes by 40 %."""
+    system = BreathingHoop()
+    q0, v0, _ = hoop_state(T0, HOOP_TH0, HOOP_W0)
+    sol = vj.simulate(system, make(), q0=jnp.asarray(q0), v0=jnp.asarray(v0), t0=T0, dt=0.01,
+                      n_steps=400)
+    at = jax.vmap(lambda t, q, v: (system.at(t).holonomic(q),
+                                   vj.constraints.hidden_constraint(system.at(t), q, v)))
+    g, gv = at(sol.t, sol.q, sol.v)
+    assert float(jnp.max(jnp.abs(g))) <= 1e-13
+    assert float(jnp.max(jnp.abs(gv))) <= 1e-12
+    radius = np.linalg.norm(np.asarray(sol.q), axis=1)
+    assert np.ptp(radius) > 0.3
+
+
+def test_rheonomic_helpers():
+    """The constraint layer at the system's clock, against the closed forms of the hoop:
+    ``∂g/∂t = -r r'``, the hidden constraint ``q·v - r r'``, the multiplier by hand, the
+    projections onto ``g = 0`` and ``G v + ∂g/∂t = 0``; a constraint that does not read the
+    clock (the modulated pendulum's: only its potential does) is not rheonomic."""
+    t, th, w = 0.9, 0.4, -1.3
+    system = BreathingHoop().at(jnp.asarray(t))
+    q, v, lam = hoop_state(t, th, w)
+    q, v = jnp.asarray(q), jnp.asarray(v)
+    r, rd, _ = hoop_radius(t)
+    assert vj.constraints.reads_clock(system, q)
+    assert not vj.constraints.reads_clock(ModulatedCartesianPendulum(), q)
+    assert not vj.constraints.reads_clock(vj.systems.CartesianPendulum(), q)
+    assert vj.constraints.constraint_rate(vj.systems.CartesianPendulum(), q) is None
+    np.testing.assert_allclose(vj.constraints.constraint_rate(system, q), [-r * rd], rtol=1e-14)
+    np.testing.assert_allclose(vj.constraints.hidden_constraint(system, q, v), [0.0], atol=1e-14)
+    np.testing.assert_allclose(vj.constraints.multiplier(system, q, v), [lam], rtol=1e-13)
+    # projections: a point off the hoop, a velocity off its hidden constraint
+    q_off = 1.1 * q
+    q_on = vj.constraints.project_position(system, q_off)
+    np.testing.assert_allclose(jnp.linalg.norm(q_on), r, rtol=1e-14)
+    v_off = v + 0.3 * q
+    v_on = vj.constraints.project_velocity(system, q, v_off)
+    np.testing.assert_allclose(v_on, v, atol=1e-14)      # the normal part removed exactly
+    p_on = vj.constraints.project_momentum(system, q, v_off)
+    np.testing.assert_allclose(p_on, v, atol=1e-14)      # unit mass: p = v
+
+
+def test_rheonomic_initial_data():
+    """A velocity off ``G v + ∂g/∂t = 0`` is refused, naming the clocked projection;
+    ``project=True`` projects at ``t0``."""
+    system = BreathingHoop()
+    q0, v0, _ = hoop_state(T0, HOOP_TH0, HOOP_W0)
+    bad = jnp.asarray(v0) - 0.2 * jnp.asarray(q0)
+    with pytest.raises(vj.constraints.InconsistentInitialData,
+                       match=r"G\(t0, q0\) v0 \+ ∂g/∂t\(t0, q0\) = 0.*"
+                             r"project_velocity\(system.at\(t0\), q0, v0\)"):
+        vj.simulate(system, vj.HolonomicVPRK.rattle(), q0=jnp.asarray(q0), v0=bad, t0=T0,
+                    dt=0.1, n_steps=2)
+    sol = vj.simulate(system, vj.HolonomicVPRK.rattle(), q0=1.05 * jnp.asarray(q0), v0=bad,
+                      t0=T0, dt=0.1, n_steps=2, project=True)
+    at_t0 = system.at(sol.t[0])
+    assert abs(float(at_t0.holonomic(sol.q[0])[0])) <= 1e-14
+    assert abs(float(vj.constraints.hidden_constraint(at_t0, sol.q[0], sol.v[0])[0])) <= 1e-14
+
+
+class HoopOnRn(vj.LieGroupSystem, vj.TimeDependentSystem, vj.HolonomicSystem):
+    """The breathing hoop on the abelian group ``R^2``."""
+
+    @property
+    def group(self):
+        return vj.lie.Rn(2)
+
+    def lagrangian(self, g, xi):
+        return 0.5 * xi @ xi - GRAVITY * g[1]
+
+    def holonomic(self, g):
+        return BreathingHoop(time=self.time).holonomic(g)
+
+
+@pytest.mark.parametrize("s", [2, 3])
+def test_rheonomic_group_prk_on_rn_is_the_holonomic_vprk(s):
+    q0, v0, _ = hoop_state(T0, HOOP_TH0, HOOP_W0)
+    runs = []
+    for integrator, system in ((vj.GroupVPRK.lobatto(s), HoopOnRn()),
+                               (vj.HolonomicVPRK.lobatto(s), BreathingHoop())):
+        state, _, ok = _advance(system, integrator, jnp.asarray(q0), jnp.asarray(v0),
+                                jnp.asarray(0.05), jnp.asarray(10))
+        assert bool(ok)
+        runs.append(state)
+    a, b = runs
+    np.testing.assert_allclose(a.q, b.q, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(a.p, b.p, rtol=0, atol=1e-12)
+    r = hoop_radius(float(a.t))[0]
+    assert abs(float(jnp.linalg.norm(a.q)) - r) <= 1e-13
+
+
+def test_dgvi_refuses_a_rheonomic_constraint():
+    q0, v0, _ = hoop_state(T0, HOOP_TH0, HOOP_W0)
+    with pytest.raises(vj.IncompatibleSystemError,
+                       match=r"reads the clock.*HolonomicVPRK or vijax.GalerkinVI"):
+        vj.simulate(BreathingHoop(), vj.DGVI(2), q0=jnp.asarray(q0), v0=jnp.asarray(v0),
+                    t0=T0, dt=0.1, n_steps=2)
+
+
+# --------------------------------------------------------------------------------------------
+# 9. Rheonomic nonholonomic constraints: v_z = (y + ε sin ωt) v_x
+# --------------------------------------------------------------------------------------------
+
+
+class TwistedParticle(vj.systems.NonholonomicParticle, vj.TimeDependentSystem):
+    """The nonholonomic particle with the constraint ``v_z = s v_x``, ``s = y + ε sin ωt``
+    (still linear in ``v``).  By hand (unit mass, ``k = 1``): ``d/dt Φ = 0`` gives
+    ``λ = ((v_y + ε ω cos ωt) v_x - x s) / (1 + s²)``."""
+
+    def nonholonomic(self, q, v):
+        return jnp.atleast_1d(v[2] - (q[1] + EPS * jnp.sin(FREQ * self.time)) * v[0])
+
+
+def twisted_initial():
+    q0 = np.array([0.0, 1.0, 0.0])
+    s0 = 1.0 + EPS * np.sin(FREQ * T0)
+    return q0, np.array([1.0, 0.5, s0])
+
+
+@functools.lru_cache(maxsize=None)
+def twisted_reference():
+    """``(q, p)`` at ``T0 + T_SPAN`` (DOP853 on the index-1 equations with the clock) and the
+    largest constraint value along the reference (the ``∂Φ/∂t`` term checked)."""
+    system = TwistedParticle()
+
+    @jax.jit
+    def rhs(t, y):
+        q, v = y[:3], y[3:]
+        return jnp.concatenate([v, vj.constraints.nonholonomic_acceleration(system, q, v, t)[0]])
+
+    q0, v0 = twisted_initial()
+    sol = solve_ivp(lambda t, y: np.asarray(rhs(t, y)), (T0, T0 + T_SPAN),
+                    np.concatenate([q0, v0]), method="DOP853", rtol=1e-13, atol=1e-14,
+                    dense_output=True)
+    ts = np.linspace(T0, T0 + T_SPAN, 101)
+    ys = sol.sol(ts)
+    drift = max(abs(float(system.at(t).nonholonomic(y[:3], y[3:])[0])) for t, y in zip(ts, ys.T))
+    return sol.y[:3, -1], sol.y[3:, -1], drift
+
+
+def test_rheonomic_nonholonomic_multiplier_and_reference():
+    system = TwistedParticle()
+    t = 0.8
+    q, v = jnp.array([0.3, -0.4, 0.2]), jnp.array([0.7, 0.2, 0.0])
+    s = q[1] + EPS * np.sin(FREQ * t)
+    v = v.at[2].set(s * v[0])
+    expected = ((v[1] + EPS * FREQ * np.cos(FREQ * t)) * v[0] - q[0] * s) / (1.0 + s ** 2)
+    lam = vj.constraints.nonholonomic_multiplier(system, q, v, t)
+    np.testing.assert_allclose(lam, [expected], rtol=1e-13)
+    # without the ∂Φ/∂t term the constraint would drift at O(ε ω) along the reference
+    assert twisted_reference()[2] <= 1e-10
+
+
+TWISTED = {
+    "nh-lobatto2": (lambda: vj.NonholonomicVPRK.lobatto(2), 2),
+    "nh-lobatto3": (lambda: vj.NonholonomicVPRK.lobatto(3), 4),
+    "si-dla": (lambda: vj.DiscreteLagrangeDAlembert("semi_implicit"), 2),
+    "i-dla": (lambda: vj.DiscreteLagrangeDAlembert("implicit"), 2),
+}
+
+
+@pytest.mark.parametrize("method", list(TWISTED))
+def test_rheonomic_nonholonomic_order(method):
+    make, order = TWISTED[method]
+    integrator = make()
+    q_ref, p_ref, _ = twisted_reference()
+    q0, v0 = twisted_initial()
+    at_end = TwistedParticle().at(jnp.asarray(T0 + T_SPAN))
+    runs = final_states(TwistedParticle(), integrator, jnp.asarray(q0), jnp.asarray(v0))
+    errors = np.array([[np.max(np.abs(np.asarray(s.q) - q_ref)),
+                        np.max(np.abs(np.asarray(s.p) - p_ref))] for s, _ in runs])
+    for s, v in runs:
+        assert abs(float(at_end.nonholonomic(s.q, v)[0])) <= 1e-13
+    assert np.all(errors[-1] > 1e-12), errors
+    assert_orders(integrator.name, errors, order, ("q", "p"))

@@ -4,6 +4,14 @@ Sign convention (Wenger, Ober-Blöbaum & Leyendecker (2017), eqs. (1)-(3)): the 
 Lagrangian is ``L - g(q).lam``, so the equations of motion read
 ``d/dt D2L - D1L + G(q)^T lam = 0`` with ``G = Dg``.  For the
 pendulum hanging at rest ``lam`` is the (positive) tension divided by the length.
+
+Rheonomic constraints ``g(t, q) = 0``: a :class:`vijax.TimeDependentSystem` whose
+``holonomic(q)`` reads its clock ``self.time`` (a prescribed motion: a pivot moved on a
+given path, a hoop of given radius).  The constraint forces stay ``G(t, q)^T lam`` (the
+virtual displacements are taken at fixed time), the hidden constraint becomes
+``G v + ∂g/∂t = 0``, and every function here evaluates ``g`` at the clock of the system it
+is given (``system.at(t)``).  Whether ``holonomic`` reads the clock is decided from its
+program while tracing (:func:`reads_clock`), so a constraint that does not pays nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from jaxtyping import Array, Float
 
 from . import _linalg
 from ._checks import is_traced, refuse
+from ._tracing import depends_on_first
 from ._typing import Constraints, Vector, VectorLike
 from .solvers import AbstractFixedPoint, FixedPoint, Newton
 
@@ -30,6 +39,8 @@ __all__ = [
     "project_momentum",
     "multiplier",
     "hidden_constraint",
+    "constraint_rate",
+    "reads_clock",
     "check_consistent",
     "saddle_point_inverse",
     "row_round_off",
@@ -46,9 +57,39 @@ def constraint_jacobian(system: HolonomicSystem, q: Vector) -> Float[Array, "m n
     return jax.jacfwd(system.holonomic)(q)
 
 
+def _clock(system, q):
+    """The clock of ``system`` in the dtype of ``q`` (an array or a group element)."""
+    return jnp.asarray(system.time, jax.tree_util.tree_leaves(q)[0].dtype)
+
+
+def reads_clock(system: HolonomicSystem, q) -> bool:
+    """Whether ``system.holonomic`` reads the clock of a :class:`vijax.TimeDependentSystem`
+    (a rheonomic constraint ``g(t, q)``), decided from its program while tracing (no value
+    is computed; ``q`` gives the shapes)."""
+    from .systems import TimeDependentSystem  # the systems build on this module
+    if not isinstance(system, TimeDependentSystem):
+        return False
+    return depends_on_first(lambda t, x: system.at(t).holonomic(x), _clock(system, q), q)
+
+
+def constraint_rate(system: HolonomicSystem, q) -> Optional[Constraints]:
+    """``∂g/∂t`` at ``q`` and the clock of ``system`` (a rheonomic constraint, by
+    :func:`jax.jvp` in the clock), or ``None`` when ``holonomic`` does not read the clock."""
+    if not reads_clock(system, q):
+        return None
+    t = _clock(system, q)
+    return jax.jvp(lambda s: system.at(s).holonomic(q), (t,), (jnp.ones_like(t),))[1]
+
+
+def _plus_rate(x, system, q):
+    rate = constraint_rate(system, q)
+    return x if rate is None else x + rate
+
+
 def hidden_constraint(system: HolonomicSystem, q: Vector, v: Vector) -> Constraints:
-    """Velocity-level (hidden) constraint ``G(q) v``."""
-    return constraint_jacobian(system, q) @ v
+    """Velocity-level (hidden) constraint ``G(q) v`` (``G v + ∂g/∂t`` for a rheonomic
+    constraint)."""
+    return _plus_rate(constraint_jacobian(system, q) @ v, system, q)
 
 
 def project_position(system: HolonomicSystem, q: VectorLike, *, max_steps: int = 50) -> Vector:
@@ -70,11 +111,12 @@ def project_position(system: HolonomicSystem, q: VectorLike, *, max_steps: int =
 
 
 def project_velocity(system: HolonomicSystem, q: Vector, v: Vector) -> Vector:
-    """Project ``v`` onto ``G(q) v = 0`` along ``H^{-1} G^T`` (the kinetic-energy metric):
-    the same velocity as :func:`project_momentum` of ``p = D2L(q, v)`` for mechanical ``L``."""
+    """Project ``v`` onto ``G(q) v = 0`` (``G v + ∂g/∂t = 0`` for a rheonomic constraint)
+    along ``H^{-1} G^T`` (the kinetic-energy metric): the same velocity as
+    :func:`project_momentum` of ``p = D2L(q, v)`` for mechanical ``L``."""
     G = constraint_jacobian(system, q)
     hinv_gt = system.inverse_velocity_hessian(q, v) @ G.T
-    return v - hinv_gt @ _linalg.solve(G @ hinv_gt, G @ v)
+    return v - hinv_gt @ _linalg.solve(G @ hinv_gt, _plus_rate(G @ v, system, q))
 
 
 def project_momentum(system: HolonomicSystem, q: Vector, p: Vector,
@@ -82,11 +124,13 @@ def project_momentum(system: HolonomicSystem, q: Vector, p: Vector,
     """Project ``p`` onto the hidden constraint within its class ``p + span(G^T)``:
     ``P(q, p) = p - G^T mu`` with ``G FL^{-1}(q, p - G^T mu) = 0`` (Wenger, Ober-Blöbaum &
     Leyendecker (2017), eq. (4); one linear solve when ``L`` is quadratic in ``v``, Newton in
-    ``mu`` otherwise)."""
+    ``mu`` otherwise).  For a rheonomic constraint the condition is ``G v + ∂g/∂t = 0``."""
     G = constraint_jacobian(system, q)
+    rate = constraint_rate(system, q)
 
     def residual(mu):
-        return G @ system.velocity(q, p - G.T @ mu, v_guess)
+        gv = G @ system.velocity(q, p - G.T @ mu, v_guess)
+        return gv if rate is None else gv + rate
 
     mu0 = jnp.zeros(G.shape[0], dtype=p.dtype)
     if system.quadratic_in_velocity:
@@ -193,14 +237,25 @@ def multiplier(system: HolonomicSystem, q: Vector, v: Vector,
     f = system.d1_lagrangian(q, v) - mixed @ v - system.momentum_rate(q, v)
     if force is not None:
         f = f + force
-    gqvv = jax.jvp(lambda x: constraint_jacobian(system, x), (q,), (v,))[1] @ v
+    if reads_clock(system, q):
+        t = _clock(system, q)
+
+        def along(s):   # g(t + s, q + s v)
+            return system.at(t + s).holonomic(q + s * v)
+
+        one = jnp.ones_like(t)
+        gqvv = jax.jvp(lambda s: jax.jvp(along, (s,), (one,))[1], (0.0 * t,), (one,))[1]
+    else:
+        gqvv = jax.jvp(lambda x: constraint_jacobian(system, x), (q,), (v,))[1] @ v
     return _linalg.solve(G @ hinv @ G.T, G @ hinv @ f + gqvv)
 
 
 def check_consistent(system: HolonomicSystem, q0: Vector, v0: Vector, tol: float, *,
                      velocity: bool = True) -> tuple[Vector, Vector]:
     """Refuse initial data off ``g = 0`` (and, with ``velocity``, off the hidden constraint
-    ``G(q) v = 0``), or with a rank-deficient constraint Jacobian, naming the fix.
+    ``G(q) v = 0``, ``G v + ∂g/∂t = 0`` for a rheonomic constraint), or with a
+    rank-deficient constraint Jacobian, naming the fix.  ``system`` at the initial time
+    (``system.at(t0)``).
 
     On concrete values it raises; on traced values (under :func:`jax.jit`) the same checks
     run in the compiled code (:func:`equinox.error_if`, derivatives included) and the
@@ -221,15 +276,20 @@ def check_consistent(system: HolonomicSystem, q0: Vector, v0: Vector, tol: float
             f"away from the singular configuration.")
     data = refuse(data, ~(sv[-1] > 1e3 * xp.finfo(G.dtype).eps * xp.maximum(sv[0], 1.0)),
                   rank, lambda: rank.replace("at q0:", f"at q0 (singular values {sv}):"))
+    # a rheonomic constraint is projected at the initial time
+    at_t0 = "system.at(t0)" if reads_clock(system, q0) else "system"
     gap = xp.max(xp.abs(g))
     off = (f"q0 violates {name}.holonomic (> {tol:.1e}). Project it with "
-           f"vijax.constraints.project_position(system, q0), or pass project=True to simulate.")
+           f"vijax.constraints.project_position({at_t0}, q0), or pass project=True to "
+           f"simulate.")
     data = refuse(data, ~(gap <= tol), off, lambda: off.replace("(>", f"by {gap:.2e} (>"),
                   InconsistentInitialData)
     if velocity:
-        drift = xp.max(xp.abs(G @ v))
-        hidden = (f"v0 violates the hidden constraint G(q0) v0 = 0 of {name} (> {tol:.1e}). "
-                  f"Project it with vijax.constraints.project_velocity(system, q0, v0) (or "
+        rate = constraint_rate(system, q0)
+        drift = xp.max(xp.abs(G @ v if rate is None else G @ v + xp.asarray(rate)))
+        law = "G(q0) v0 = 0" if rate is None else "G(t0, q0) v0 + ∂g/∂t(t0, q0) = 0"
+        hidden = (f"v0 violates the hidden constraint {law} of {name} (> {tol:.1e}). "
+                  f"Project it with vijax.constraints.project_velocity({at_t0}, q0, v0) (or "
                   f"project_momentum for p0), or pass project=True to simulate.")
         data = refuse(data, ~(drift <= tol), hidden,
                       lambda: hidden.replace("(>", f"by {drift:.2e} (>"), InconsistentInitialData)
@@ -288,7 +348,8 @@ def nonholonomic_acceleration(system, q: Vector, v: Vector, t=None, u=None
     ``f = D1L - (d D2L/dq) v``, plus the force ``F(t, q, v, u)`` of a
     :class:`vijax.ForcedSystem` and ``-∂_t D2L`` of a :class:`vijax.TimeDependentSystem`),
     differentiating ``Φ(q, v) = 0`` along the motion gives (Martín de Diego & Sato Martín de
-    Almagro (2022), eq. (4))
+    Almagro (2022), eq. (4); ``+ ∂Φ/∂t`` in the bracket for a constraint that reads the clock
+    of a :class:`vijax.TimeDependentSystem`)
 
         λ = -C^{-1} (D1Φ(q, v) v + D2Φ(q, v) a_free),    C = D2Φ H^{-1} D2Φ^T,
 
@@ -301,10 +362,14 @@ def nonholonomic_acceleration(system, q: Vector, v: Vector, t=None, u=None
 @eqx.filter_jit
 def _nonholonomic_acceleration(system, q, v, t, u):
     hess, f = _free_acceleration_terms(system, q, v, t, u)
-    A = system.constraint_matrix(q, v)
+    t = jnp.zeros((), q.dtype) if t is None else jnp.asarray(t, q.dtype)
+    A = system.at(t).constraint_matrix(q, v)
     hinv = _linalg.inv(hess)
     a_free = hinv @ f
-    d1phi_v = jax.jvp(lambda x: system.nonholonomic(x, v), (q,), (v,))[1]
+    # D1Φ v + ∂Φ/∂t: the derivative along (q + s v, t + s) (the clock of a
+    # TimeDependentSystem; nothing for a system without one)
+    d1phi_v = jax.jvp(lambda x, s: system.at(s).nonholonomic(x, v), (q, t),
+                      (v, jnp.ones_like(t)))[1]
     lam = -_linalg.solve(A @ hinv @ A.T, d1phi_v + A @ a_free)
     return a_free + hinv @ (A.T @ lam), lam
 

@@ -188,11 +188,12 @@ def symplectic_forms(system: LagrangianSystem, integrator: AbstractIntegrator,
     if not isinstance(system, HolonomicSystem):
         return SymplecticForms(pulled_back=pulled_back, original=omega)
 
+    at_t = system.at(state.t)   # (the constraint at the step's start: it may read the clock)
+
     def manifold(z):
         qq, pp = z[:n], z[n:]
-        vv = system.velocity(qq, pp)
-        return jnp.concatenate([system.holonomic(qq),
-                                constraints.constraint_jacobian(system, qq) @ vv])
+        vv = at_t.velocity(qq, pp)
+        return jnp.concatenate([at_t.holonomic(qq), constraints.hidden_constraint(at_t, qq, vv)])
 
     rows = jax.jacfwd(manifold)(z)
     _, _, vt = jnp.linalg.svd(rows, full_matrices=True)

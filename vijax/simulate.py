@@ -1129,8 +1129,8 @@ def _check_values(system, integrator, *, q0, v0, p0, dt, t0, project, controls):
             raise TypeError(f"controls has dtype {controls.dtype}; pass real numbers.")
         inputs.set(controls=controls.astype(dtype))
         inputs.refuse(*_finite("controls", inputs.controls, "controls"))
-    if project:
-        inputs.set(q0=inputs.system.project_configuration(inputs.q0))
+    if project:   # (at the initial time: a rheonomic constraint reads the clock)
+        inputs.set(q0=inputs.system.at(inputs.t0).project_configuration(inputs.q0))
     if lie:
         group, name = system.group, type(system.group).__name__
         off = group.distance(inputs.q0)
@@ -1164,7 +1164,7 @@ def _check_values(system, integrator, *, q0, v0, p0, dt, t0, project, controls):
             f"{name}.velocity(q, p, v_guess) with a closed form.")
         inputs.set(v0=v0)
     if project:
-        inputs.set(v0=inputs.system.project_velocity(inputs.q0, inputs.v0))
+        inputs.set(v0=inputs.system.at(inputs.t0).project_velocity(inputs.q0, inputs.v0))
     bad, messages, eager, index = _regular(system, inputs.q0, inputs.v0)
     inputs.refuse(bad, messages, eager, index=index)
     system, q0, v0, dt, t0 = (inputs.system, inputs.q0, inputs.v0, inputs.dt, inputs.t0)
@@ -1179,7 +1179,8 @@ def _check_values(system, integrator, *, q0, v0, p0, dt, t0, project, controls):
                 f"{getattr(out, 'shape', type(out).__name__)}; it must return the generalised "
                 f"force, an array shaped like {like}, {x0.shape}.")
     # the integrator's own consistency checks (raised here, or carried by q0, v0 in the graph)
-    q0, v0 = integrator.check_initial(system, q0, v0, float(jnp.finfo(dtype).eps) ** 0.6)
+    q0, v0 = integrator.check_initial(system.at(t0), q0, v0,
+                                      float(jnp.finfo(dtype).eps) ** 0.6)
     # Python-float parameters become arrays of the working dtype: jit then traces them
     # (no recompilation per value) and the system follows the dtype of q0.
     system = jax.tree_util.tree_map(

@@ -58,6 +58,7 @@ from jaxtyping import Array, Float, PyTree
 from .. import constraints as cons
 from .. import tableaus as tb
 from .._linalg import factor, mm
+from .._tracing import depends_on_first
 from ..lie import AbstractLieGroup, AbstractRetraction, Exp, Rn
 from ..quadrature import lagrange_extrapolation_matrix
 from ..solvers import Newton
@@ -179,7 +180,10 @@ def stage_equations(pair: tb.PartitionedTableau, group: AbstractLieGroup,
                      Hp if hamiltonian else V)
         hF = hF + jnp.einsum("imd,im->id", A, jnp.concatenate([(h * state.lam)[None, :], mus]))
     elif mode == "holonomic":
-        J = jax.vmap(lambda x: group.left_jacobian(system.holonomic, x))(G)
+        # a rheonomic constraint g(t, q) at the stage times (cons.reads_clock: decided while
+        # tracing, so a constraint that does not read the clock is evaluated once, unclocked)
+        g_times = times if cons.reads_clock(system, g) else None
+        J = at_nodes(system, g_times, lambda sy, x: group.left_jacobian(sy.holonomic, x), G)
         hF = hF - jnp.einsum("imd,im->id", J, mus)
     # (d^Lτ^{-1}_{-Ξ})* N = (Ad^{-1}_{τ(Ξ)})* (d^Lτ^{-1}_Ξ)* N = Ad*_{τ(Ξ)^{-1}} hF: their
     # eq. (28), no inverse tangent needed
@@ -223,23 +227,15 @@ def stage_equations(pair: tb.PartitionedTableau, group: AbstractLieGroup,
                          jnp.concatenate([state.v[None, :], eta])))
         return (res, phi) + extra_rows, out
     if mode == "holonomic":
-        rows = jax.vmap(system.holonomic)(_rows(G, 1)) / h
-        tangency = group.left_jacobian(system.holonomic, g1) @ extra
-        momentum = system.at(state.t + h).momentum(g1, extra) - mu1
+        rows = at_nodes(system, None if g_times is None else g_times[1:],
+                        lambda sy, x: sy.holonomic(x), _rows(G, 1)) / h
+        at_t1 = system.at(state.t + h)
+        tangency = group.left_jacobian(at_t1.holonomic, g1) @ extra
+        if g_times is not None:   # G v + ∂g/∂t = 0
+            tangency = tangency + cons.constraint_rate(at_t1, g1)
+        momentum = at_t1.momentum(g1, extra) - mu1
         return (res, rows, momentum, tangency), StepOutput(g1, mu1, extra, F)
     return res, StepOutput(g1, mu1, None, F, V)
-
-
-def _depends_on_first(fn, x, *args) -> bool:
-    """Whether the output of ``fn(x, *args)`` depends on ``x`` through the operations of its
-    program (a walk of its jaxpr, conservative: an operation that reads ``x`` counts as
-    depending on it), decided while tracing."""
-    jaxpr = jax.make_jaxpr(lambda y: fn(y, *args))(x).jaxpr
-    live = set(jaxpr.invars)
-    for eqn in jaxpr.eqns:
-        if any(not isinstance(v, jax.extend.core.Literal) and v in live for v in eqn.invars):
-            live.update(eqn.outvars)
-    return any(not isinstance(v, jax.extend.core.Literal) and v in live for v in jaxpr.outvars)
 
 
 class Coupling(NamedTuple):
@@ -264,9 +260,9 @@ def momentum_coupling(system, group: AbstractLieGroup, g, v) -> Optional[Couplin
         return jax.jacfwd(momentum, argnums=1)(z, y)
 
     zero = jnp.zeros_like(v)
-    N = jax.jacfwd(momentum)(zero, v) if _depends_on_first(momentum, zero, v) else None
+    N = jax.jacfwd(momentum)(zero, v) if depends_on_first(momentum, zero, v) else None
     Mdot = (jax.jvp(lambda z: hessian(z, v), (zero,), (v,))[1]
-            if _depends_on_first(hessian, zero, v) else None)
+            if depends_on_first(hessian, zero, v) else None)
     return None if N is None and Mdot is None else Coupling(N, Mdot)
 
 

@@ -27,8 +27,9 @@ Forcing (:class:`vijax.ForcedSystem`): the force at the step midpoint,
 each node for I-DLA: the discrete Lagrange--d'Alembert forces ``F_d^±``, Marsden & West (2001),
 §3).  A time-dependent Lagrangian (:class:`vijax.TimeDependentSystem`) is evaluated at the
 step's midpoint time ``t + h/2`` (the midpoint discrete Lagrangian in time, Marsden & West
-(2001), Part 4), the new node momentum at ``t + h``.  Both methods are symmetric and of
-order 2.
+(2001), Part 4), the new node momentum at ``t + h``; constraint one-forms that read the
+clock, ``A(t, q)``, at the time of the node they are taken at (``t``, ``t + h/2``, ``t + h``).
+Both methods are symmetric and of order 2.
 """
 
 from __future__ import annotations
@@ -156,10 +157,11 @@ class DiscreteLagrangeDAlembert(AbstractLinearNonholonomicMethod):
             return force((0.5 * (q0 + q1))[None, :], ((q1 - q0) / h)[None, :])[0]
 
         # the system at the step's midpoint time, and at its end (the new node momentum)
+        # (a constraint that reads the clock: its forms at the time of each node)
         mid, end = system.at(state.t + 0.5 * h), system.at(state.t + h)
         if self.scheme == "semi_implicit":
             return self._step_si(mid, end, state, h, midpoint_force)
-        return self._step_implicit(mid, end, state, h, midpoint_force)
+        return self._step_implicit(system.at(state.t), mid, end, state, h, midpoint_force)
 
     def _step_si(self, system, end, state, h, midpoint_force):
         q, v = state.q, state.v
@@ -175,20 +177,20 @@ class DiscreteLagrangeDAlembert(AbstractLinearNonholonomicMethod):
             q1 = qh + 0.5 * h * v1
             F = midpoint_force(q, q1)
             return (_linalg.mm(M, v1 - v) - h * (-dV + F) - _linalg.mm(mu, Ah),
-                    _linalg.mm(constraint_forms(system, q1), v1))
+                    _linalg.mm(constraint_forms(end, q1), v1))
 
         x0 = (v - h * _linalg.solve(M, dV), jnp.zeros((Ah.shape[0],), q.dtype))
         (v1, _), stats = self.solver.solve(residual, x0)
         q1 = qh + 0.5 * h * v1
         return DLAState(t=state.t + h, q=q1, p=end.mass_matrix(q1) @ v1, v=v1), stats
 
-    def _step_implicit(self, system, end, state, h, midpoint_force):
+    def _step_implicit(self, start, system, end, state, h, midpoint_force):
         q, p, v = state.q, state.p, state.v
 
         def Ld(a, b):
             return h * system.lagrangian(0.5 * (a + b), (b - a) / h)
 
-        A0 = constraint_forms(system, q)
+        A0 = constraint_forms(start, q)
 
         def residual(x):
             q1, mu = x                                   # mu = (h/2) μ

@@ -137,7 +137,7 @@ class HolonomicVPRK(AbstractPRK):
                                               self.tableau.q.b))
         s = self.stages
         Q0 = state.q[None, :] + h * mm(jnp.asarray(a, state.q.dtype), X0[0])
-        G = jax.vmap(lambda x: cons.constraint_jacobian(system, x))(Q0)
+        G = jax.vmap(lambda x: cons.constraint_jacobian(system.at(state.t), x))(Q0)
         C = np.zeros((s, s + 1))
         C[:-1, :s], C[-1, s] = a[1:], 1.0
         apply = cons.saddle_point_inverse(system.at(state.t), state.q, state.v, np.eye(s + 1),

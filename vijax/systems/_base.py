@@ -233,6 +233,12 @@ class TimeDependentSystem(LagrangianSystem):
     the discrete Lagrangian ``h Σ b_i L(t_k + c_i h, Q^i, V^i)`` keeps the method's order
     (Marsden & West (2001), Part 4, time-dependent mechanics).  The energy is no longer
     conserved: ``dE/dt = -∂L/∂t``.
+
+    Constraints may read the clock too (rheonomic ``g(t, q)`` of a :class:`HolonomicSystem`,
+    ``Φ(t, q, v)`` of a :class:`NonholonomicSystem`): the integrators evaluate them at the
+    times of their nodes, the hidden constraint becomes ``G v + ∂g/∂t = 0``, and the helpers
+    of :mod:`vijax.constraints` work at the clock of the system they are given
+    (``system.at(t)``).
     """
 
     #: The time at which the Lagrangian is evaluated (set by :meth:`at`; 0 by default).

@@ -64,7 +64,7 @@ from ...interpolation import DenseOutput
 from ...quadrature import BASES, Quadrature, gauss_basis, gauss_quadrature, mixed_matrix
 from ...solvers import AbstractRootSolver, SolverStats
 from ...systems import ForcedSystem, HolonomicSystem, LagrangianSystem, TimeDependentSystem
-from .._base import AbstractIntegrator, AbstractState
+from .._base import AbstractIntegrator, AbstractState, IncompatibleSystemError
 from ._common import (
     AbstractContinuousTimeVI,
     check_int,
@@ -288,8 +288,19 @@ class DGVI(AbstractContinuousTimeVI):
         not restored).  The velocity need not be tangent: its normal part only shifts the
         gauge part of ``p_z`` (the paper imposes no initial condition on ``p_g``)."""
         if isinstance(system, HolonomicSystem):
+            self._refuse_rheonomic(system, q0)
             return cons.check_consistent(system, q0, v0, tol, velocity=False)
         return q0, v0
+
+    def _refuse_rheonomic(self, system, q0) -> None:
+        """The constrained scheme of Muehlebach et al. (2016) is written for constraints
+        ``g(q)``: refuse one that reads the clock (decided while tracing)."""
+        if cons.reads_clock(system, q0):
+            raise IncompatibleSystemError(
+                f"{self.name} takes holonomic constraints g(q) that do not depend on time, but "
+                f"{type(system).__name__}.holonomic reads the clock self.time (a rheonomic "
+                f"constraint g(t, q)). Use vijax.HolonomicVPRK or vijax.GalerkinVI, which "
+                f"evaluate it at the time of each node.")
 
     def init_from_momentum(self, system: LagrangianSystem, t0: ScalarLike, q0: Vector,
                            p0: Vector) -> AbstractState:
@@ -303,6 +314,7 @@ class DGVI(AbstractContinuousTimeVI):
                       balance=zero, jump_q=jnp.zeros_like(q0), jump_p=jnp.zeros_like(q0))
         if not isinstance(system, HolonomicSystem):
             return DGState(p=p0, **common)
+        self._refuse_rheonomic(system, q0)
         nc = system.holonomic(q0).shape[0]
         return ConstrainedDGState(p=cons.project_momentum(system.at(t0), q0, p0), pz=p0,
                                   Pg=jnp.zeros((self.mg, nc), dtype), gap=system.holonomic(q0),

@@ -317,7 +317,7 @@ class GalerkinVI(AbstractDenseIntegrator):
         else:
             f, e = gauss_quadrature(self.w - 1)
         return dict(
-            d=d, c=c, b=b, e=e,
+            d=d, c=c, b=b, f=f, e=e,
             lc=lagrange_extrapolation_matrix(d, c), dc=lagrange_derivative_matrix(d, c),
             lf=lagrange_extrapolation_matrix(d, f),
             d1=lagrange_derivative_matrix(d, np.ones(1))[0], dd=lagrange_derivative_matrix(d, d),
@@ -348,9 +348,16 @@ class GalerkinVI(AbstractDenseIntegrator):
         times = None if t0 is None else t0 + h * k["c"]
         val = mm(k["b"], at_nodes(system, times, lambda sys, x, y: sys.lagrangian(x, y), Q, V))
         if isinstance(system, HolonomicSystem):
-            gq = jax.vmap(system.holonomic)(q0[None, :] + h * mm(k["lf"], Z))
+            gq = self._constraints(system, q0, Z, h, t0, k["lf"], k["f"])
             val = val - jnp.sum(k["e"][:, None] * gq * lam)
         return val
+
+    @staticmethod
+    def _constraints(system, q0, Z, h, t0, lf, f):
+        """``g`` at the constraint nodes ``q0 + h lf Z`` (nodes ``f`` of the step), at their
+        times ``t0 + f h`` for a rheonomic constraint (:func:`vijax.constraints.reads_clock`)."""
+        times = (None if t0 is None or not cons.reads_clock(system, q0) else t0 + h * f)
+        return at_nodes(system, times, lambda sy, x: sy.holonomic(x), q0[None, :] + h * mm(lf, Z))
 
     def _node_multipliers(self, mu, h, m, dtype):
         """Multipliers at the constraint nodes from the unknowns ``mu = h lam``: Lobatto's last
@@ -407,13 +414,11 @@ class GalerkinVI(AbstractDenseIntegrator):
         r0 = pi_in + grad[0]
         rows = [r0, grad[1:self.s]]
         if constrained:
-            if self._lobatto_g:
-                if G0 is not None:  # paper mode, after the first step
-                    rows[0] = r0 - (1.0 - state.first) * k["e"][0] * (G0.T @ mu[0])
-                f_rows = k["lf"][1:]
-            else:
-                f_rows = k["lf"]
-            rows.append(jax.vmap(system.holonomic)(q0[None, :] + h * mm(f_rows, Z)) / h)
+            first = 1 if self._lobatto_g else 0
+            if self._lobatto_g and G0 is not None:  # paper mode, after the first step
+                rows[0] = r0 - (1.0 - state.first) * k["e"][0] * (G0.T @ mu[0])
+            rows.append(self._constraints(system, q0, Z, h, state.t, k["lf"][first:],
+                                          k["f"][first:]) / h)
         return rows, grad[self.s]
 
     def _precond(self, system, state, h, X0):
@@ -442,7 +447,7 @@ class GalerkinVI(AbstractDenseIntegrator):
         c_rows = lf[1:] if self._lobatto_g else lf
         Zs0 = X0[0]
         Z0 = jnp.concatenate([jnp.zeros_like(Zs0[:1]), Zs0])
-        G = jax.vmap(lambda x: cons.constraint_jacobian(system, x))(
+        G = jax.vmap(lambda x: cons.constraint_jacobian(system.at(state.t), x))(
             state.q[None, :] + h * mm(jnp.asarray(lf, dtype), Z0))
         apply = cons.saddle_point_inverse(system.at(state.t), state.q, state.v, K, B, c_rows[:, 1:],
                                           G[:z], G[1:] if self._lobatto_g else G)
@@ -490,7 +495,7 @@ class GalerkinVI(AbstractDenseIntegrator):
             # Predictor: the previous step's polynomial extrapolated.
             Z0 = mm(k["extrap"], Zprev) - Zprev[-1][None, :]
             X0 = (Z0[1:], h * state.mults)
-        G0 = (cons.constraint_jacobian(system, state.q)
+        G0 = (cons.constraint_jacobian(system.at(state.t), state.q)
               if self._shares_node_multiplier(system) else None)
         # pi_{k+1} from the last residual evaluation: no evaluation after the solve.
         # The constraint rows g/h carry round-off eps |q| / h (see cons.row_round_off).

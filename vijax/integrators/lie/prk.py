@@ -213,14 +213,17 @@ class GroupVPRK(TableauPresets, PRKTraits, AbstractIntegrator):
     # -- initial data -----------------------------------------------------------------------
     def check_initial(self, system, q0, v0: Vector, tol: float):
         """Refuse ``ξ0`` off a nonholonomic constraint, or ``(g0, ξ0)`` off a holonomic one
-        or its tangency ``L*DΦ(g0) ξ0 = 0``, naming the projection."""
+        or its tangency ``L*DΦ(g0) ξ0 = 0`` (``+ ∂Φ/∂t`` for a rheonomic one), naming the
+        projection; ``system`` at the initial time."""
         mode = self._mode(system)
         if mode == "nonholonomic":
             return cons.check_nonholonomic_consistent(system, q0, v0, tol)
         if mode == "holonomic":
             name = type(system).__name__
             gap = jnp.max(jnp.abs(system.holonomic(q0)))
-            drift = jnp.max(jnp.abs(system.group.left_jacobian(system.holonomic, q0) @ v0))
+            rate = cons.constraint_rate(system, q0)   # a rheonomic constraint's ∂g/∂t
+            tangency = system.group.left_jacobian(system.holonomic, q0) @ v0
+            drift = jnp.max(jnp.abs(tangency if rate is None else tangency + rate))
             data = (q0, v0)
             for bad, what in ((gap, f"q0 violates {name}.holonomic"),
                               (drift, f"v0 violates the tangency L*DΦ(q0) v0 = 0 of {name}")):
