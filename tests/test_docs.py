@@ -95,3 +95,14 @@ def test_lie_group_page_example_runs():
         "R = np.asarray(sol.q)\n"
         "assert np.max(np.abs(np.einsum('kji,kjl->kil', R, R) - np.eye(3))) < 1e-13\n")
     run_python(code)
+
+
+def test_rheonomic_example_of_the_forcing_page_runs():
+    blocks = python_blocks((ROOT / "docs" / "forcing.md").read_text(), "## Rheonomic constraints")
+    assert len(blocks) == 1
+    code = blocks[0] + (
+        "\nimport numpy as np\n"
+        "r = 1.0 + 0.2 * np.sin(2.0 * np.asarray(sol.t))\n"
+        "assert np.max(np.abs(np.linalg.norm(sol.q, axis=1) - r)) < 1e-13\n"
+        "assert np.ptp(r) > 0.3\n")
+    run_python(code)
