@@ -13,13 +13,13 @@ from .nonholonomic import ChaoticNonholonomic, NonholonomicParticle
 from .rolling import (ChaplyginSleigh, CVTGearbox, PendulumDrivenCVT, QuarticNonholonomic,
                       SuslovProblem, VerticalDisk)
 from .constrained import (AbstractCartesianPendulum, CartesianPendulum, DoublePendulum3D, PolarPendulum,
-                          SphericalPendulum)
+                          RotatingHoop, SphericalPendulum)
 
 __all__ = ["LagrangianSystem", "MechanicalSystem", "PointMassSystem", "HolonomicSystem",
            "ForcedSystem", "NonholonomicSystem", "TimeDependentSystem", "LieGroupSystem",
            "CAPABILITIES", "capabilities", "AbstractCartesianPendulum", "HarmonicOscillator", "Pendulum", "ShakenPendulum",
            "DoublePendulum", "Kepler", "GeneralKepler", "HenonHeiles", "CartesianPendulum",
-           "PolarPendulum", "SphericalPendulum", "DoublePendulum3D",
+           "PolarPendulum", "SphericalPendulum", "DoublePendulum3D", "RotatingHoop",
            "NonholonomicParticle", "ChaoticNonholonomic",
            "VerticalDisk", "ChaplyginSleigh", "QuarticNonholonomic", "CVTGearbox", "PendulumDrivenCVT",
            "SuslovProblem", "LieGroupSystem", "Unicycle", "BallOnTurntable",

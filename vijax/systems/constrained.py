@@ -9,12 +9,14 @@ Sign convention of :mod:`vijax.constraints`: the augmented Lagrangian is ``L - g
 from typing import ClassVar, Optional
 
 import jax.numpy as jnp
+import numpy as np
 from equinox import AbstractClassVar
 
 from .._linalg import mm
-from ._base import HolonomicSystem, MechanicalSystem, PointMassSystem
+from ._base import HolonomicSystem, MechanicalSystem, PointMassSystem, TimeDependentSystem
 
-__all__ = ["AbstractCartesianPendulum", "CartesianPendulum", "PolarPendulum", "SphericalPendulum", "DoublePendulum3D"]
+__all__ = ["AbstractCartesianPendulum", "CartesianPendulum", "PolarPendulum", "SphericalPendulum",
+           "DoublePendulum3D", "RotatingHoop"]
 
 
 class AbstractCartesianPendulum(PointMassSystem, HolonomicSystem):
@@ -117,3 +119,51 @@ class DoublePendulum3D(MechanicalSystem, HolonomicSystem):
         q0 = jnp.asarray(np.concatenate([x1, x2]), dtype=dtype)
         v0 = jnp.asarray([0.0, 1.0, 0.0, 0.5, 0.3, 0.2], dtype=dtype)
         return q0, v0
+
+
+class RotatingHoop(PointMassSystem, TimeDependentSystem, HolonomicSystem):
+    """A bead on a circular hoop of radius ``R`` spun about its vertical diameter at the
+    prescribed rate ``omega`` (a rheonomic constraint), in Cartesian coordinates ``q in R^3``,
+    gravity along ``-z``:
+
+        g(t, q) = ((|q|² - R²) / 2,  -sin(ωt) q_x + cos(ωt) q_y)
+
+    (the sphere, and the plane of the hoop turning with it).  The energy is not conserved (the
+    drive does work); the Jacobi integral ``J = E - ω L_z``, the energy in the rotating frame,
+    is (:meth:`jacobi_integral`).  With ``θ`` the angle from the downward vertical,
+    ``R θ'' = sin θ (ω² R cos θ - g)``: the bottom is a stable relative equilibrium for
+    ``ω² R < g``, and above that rate the bead settles off it at ``cos θ* = g / (ω² R)``
+    (:meth:`equilibrium_angle`), a supercritical pitchfork."""
+
+    R: float = 1.0
+    omega: float = 5.0
+    gravity: float = 9.81
+    ndim: ClassVar[int] = 3
+
+    def potential(self, q):
+        return self.m * self.gravity * q[2]
+
+    def holonomic(self, q):
+        c, s = jnp.cos(self.omega * self.time), jnp.sin(self.omega * self.time)
+        return jnp.stack([0.5 * (mm(q, q) - self.R ** 2), -s * q[0] + c * q[1]])
+
+    def jacobi_integral(self, q, v):
+        """``J = m |v|² / 2 + V(q) - ω m (x v_y - y v_x)``, conserved."""
+        energy = 0.5 * self.m * mm(v, v) + self.potential(q)
+        return energy - self.omega * self.m * (q[0] * v[1] - q[1] * v[0])
+
+    def equilibrium_angle(self) -> float:
+        """``θ*`` of the stable relative equilibrium: ``arccos(g / (ω² R))`` above the
+        critical rate ``ω² R = g``, 0 below it."""
+        ratio = float(self.gravity) / (float(self.omega) ** 2 * float(self.R))
+        return float(np.arccos(ratio)) if ratio < 1.0 else 0.0
+
+    def state(self, t, theta, theta_dot):
+        """``(q, v)`` on the hoop at time ``t``, angle ``theta`` from the downward vertical and
+        rate ``theta_dot`` relative to the hoop (consistent: ``g = 0``, ``G v + ∂g/∂t = 0``)."""
+        c, s = jnp.cos(self.omega * t), jnp.sin(self.omega * t)
+        e_h, e_z, e_n = jnp.stack([c, s, 0.0]), jnp.array([0.0, 0.0, 1.0]), jnp.stack([-s, c, 0.0])
+        q = self.R * (jnp.sin(theta) * e_h - jnp.cos(theta) * e_z)
+        v = (self.R * theta_dot * (jnp.cos(theta) * e_h + jnp.sin(theta) * e_z)
+             + self.R * self.omega * jnp.sin(theta) * e_n)
+        return q, v
