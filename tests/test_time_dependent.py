@@ -837,3 +837,14 @@ def test_rheonomic_nonholonomic_order(method):
         assert abs(float(at_end.nonholonomic(s.q, v)[0])) <= 1e-13
     assert np.all(errors[-1] > 1e-12), errors
     assert_orders(integrator.name, errors, order, ("q", "p"))
+
+
+def test_index_one_equations_default_to_the_system_clock():
+    """``nonholonomic_acceleration(system, q, v)`` without ``t`` is taken at
+    ``system.time``, like the holonomic helpers."""
+    q, v = jnp.array([0.3, -0.4, 0.2]), jnp.array([0.7, 0.2, -0.1])
+    system = TwistedParticle()
+    at = system.at(jnp.asarray(0.8))
+    for a, b in zip(vj.constraints.nonholonomic_acceleration(at, q, v),
+                    vj.constraints.nonholonomic_acceleration(system, q, v, 0.8)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-15)

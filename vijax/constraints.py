@@ -321,11 +321,21 @@ __all__ += ["nonholonomic_acceleration", "nonholonomic_multiplier",
             "check_nonholonomic_consistent"]
 
 
+def _time_or_clock(system, q, t):
+    """``t``, or when it is ``None`` the clock of a :class:`vijax.TimeDependentSystem` (0 for
+    an autonomous system)."""
+    from .systems import TimeDependentSystem  # the systems build on this module
+    if t is None:
+        return jnp.asarray(system.time if isinstance(system, TimeDependentSystem) else 0.0,
+                           q.dtype)
+    return jnp.asarray(t, q.dtype)
+
+
 def _free_acceleration_terms(system, q, v, t, u):
     """``(H, f)`` with ``H = d2L/dv2`` and ``f = D1L - (d D2L/dq) v - ∂_t D2L (+ F)``, so that
     the unconstrained motion is ``H a = f``."""
     from .systems import ForcedSystem, TimeDependentSystem  # the systems build on this module
-    t = jnp.zeros((), q.dtype) if t is None else jnp.asarray(t, q.dtype)
+    t = _time_or_clock(system, q, t)
     sys_t = system.at(t)
     hess = sys_t.velocity_hessian(q, v)
     mixed = jax.jacfwd(sys_t.momentum, argnums=0)(q, v)
@@ -346,7 +356,8 @@ def nonholonomic_acceleration(system, q: Vector, v: Vector, t=None, u=None
 
     With the free acceleration ``a_free = H^{-1} f`` (``H = d2L/dv2``,
     ``f = D1L - (d D2L/dq) v``, plus the force ``F(t, q, v, u)`` of a
-    :class:`vijax.ForcedSystem` and ``-∂_t D2L`` of a :class:`vijax.TimeDependentSystem`),
+    :class:`vijax.ForcedSystem` and ``-∂_t D2L`` of a :class:`vijax.TimeDependentSystem`;
+    ``t=None``: the system's own clock, ``system.time``),
     differentiating ``Φ(q, v) = 0`` along the motion gives (Martín de Diego & Sato Martín de
     Almagro (2022), eq. (4); ``+ ∂Φ/∂t`` in the bracket for a constraint that reads the clock
     of a :class:`vijax.TimeDependentSystem`)
@@ -362,7 +373,7 @@ def nonholonomic_acceleration(system, q: Vector, v: Vector, t=None, u=None
 @eqx.filter_jit
 def _nonholonomic_acceleration(system, q, v, t, u):
     hess, f = _free_acceleration_terms(system, q, v, t, u)
-    t = jnp.zeros((), q.dtype) if t is None else jnp.asarray(t, q.dtype)
+    t = _time_or_clock(system, q, t)
     A = system.at(t).constraint_matrix(q, v)
     hinv = _linalg.inv(hess)
     a_free = hinv @ f
