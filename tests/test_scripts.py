@@ -31,6 +31,7 @@ SCRIPTS = {
     "examples/galerkin_orders.py": ([], ["galerkin_orders.md"]),
     "examples/lie_group_figures.py": (["--quick", "--out", "{out}"], ["*"]),
     "examples/nonholonomic_orders.py": ([], []),
+    "examples/rotating_hoop.py": ([], ["rotating_hoop_summary.md"]),
     "benchmarks/run.py": (["--quick", "--out", "{out}"], ["*.json"]),
     "benchmarks/adjoints.py": (["--quick", "--out", "{out}"], ["*.json"]),
     "benchmarks/constrained.py": (["--quick", "--out", "{out}"], ["*.json"]),

@@ -761,6 +761,31 @@ def test_rotating_hoop_relative_equilibria():
     assert np.max(theta) <= 0.3 + 1e-6
 
 
+class DampedRotatingHoop(vj.ForcedSystem, vj.systems.RotatingHoop):
+    """Friction against the hoop, ``F = -c (v - ω e_z × q)`` (examples/rotating_hoop.py)."""
+
+    c: float = 0.5
+
+    def force(self, t, q, v, u):
+        return -self.c * (v - self.omega * jnp.stack([-q[1], q[0], jnp.zeros_like(q[0])]))
+
+
+def test_damped_rotating_hoop_settles_on_the_pitchfork():
+    """Forcing on a rheonomic system, in an ensemble over the (array) rate: with friction
+    against the hoop the bead started 0.05 rad off the bottom settles at the bottom below
+    the critical rate and at ``arccos(g / (ω² R))`` above it."""
+    rates = jnp.array([2.0, 3.5, 5.0])
+    states = [vj.systems.RotatingHoop(omega=float(w)).state(0.0, 0.05, 0.0) for w in rates]
+    sol = vj.simulate_ensemble(DampedRotatingHoop(omega=rates), vj.HolonomicVPRK.lobatto(3),
+                               q0=jnp.stack([q for q, _ in states]),
+                               v0=jnp.stack([v for _, v in states]), dt=0.02, n_steps=3000,
+                               save_every=3000, system_axes=0)
+    settled = np.arccos(-np.asarray(sol.q[:, -1, 2]))
+    expected = [vj.systems.RotatingHoop(omega=float(w)).equilibrium_angle() for w in rates]
+    assert expected[0] == 0.0 and expected[2] > 1.0
+    np.testing.assert_allclose(settled, expected, atol=1e-5)
+
+
 # --------------------------------------------------------------------------------------------
 # 9. Rheonomic nonholonomic constraints: v_z = (y + ε sin ωt) v_x
 # --------------------------------------------------------------------------------------------
