@@ -64,7 +64,8 @@ from ...interpolation import DenseOutput
 from ...quadrature import BASES, Quadrature, gauss_basis, gauss_quadrature, mixed_matrix
 from ...solvers import AbstractRootSolver, SolverStats
 from ...systems import ForcedSystem, HolonomicSystem, LagrangianSystem, TimeDependentSystem
-from .._base import AbstractIntegrator, AbstractState, IncompatibleSystemError
+from .._base import AbstractIntegrator, AbstractState
+from .._prk_core import at_nodes
 from ._common import (
     AbstractContinuousTimeVI,
     check_int,
@@ -254,8 +255,12 @@ class DGVI(AbstractContinuousTimeVI):
             rule = self.quadrature
             Bq = jnp.asarray(bq.values(rule.nodes), dtype)
             dBg = jnp.asarray(bg.derivs(rule.nodes), dtype)
-            gvals = jax.vmap(system.holonomic)(Bq @ Q)  # (k, nc)
-            G = G + (gphi1 @ Pg) @ system.holonomic(q1) - (gphi0 @ Pg) @ system.holonomic(q_i) \
+            # ∫ p_g · d/dt g(t, q̃(t)) dt by parts; a rheonomic g at the nodes' times
+            times = (t_i + h * jnp.asarray(rule.nodes, dtype)
+                     if cons.reads_clock(system, q_i) else None)
+            gvals = at_nodes(system, times, lambda sy, x: sy.holonomic(x), Bq @ Q)  # (k, nc)
+            g1, g0 = system.at(t_i + h).holonomic(q1), system.at(t_i).holonomic(q_i)
+            G = G + (gphi1 @ Pg) @ g1 - (gphi0 @ Pg) @ g0 \
                 - jnp.asarray(rule.weights, dtype) @ jnp.sum((dBg @ Pg) * gvals, axis=-1)
         return G
 
@@ -277,7 +282,8 @@ class DGVI(AbstractContinuousTimeVI):
         bc = phi0 @ X["P"] - p_i
         if constrained:
             gphi0 = jnp.asarray(bg.values(0.0)[0], q_i.dtype)
-            W = cons.constraint_jacobian(system, q_i).T  # W at the node value q_i, not q̃(t_i^+)
+            # W at the node value q_i, not q̃(t_i^+) (and at t_i)
+            W = cons.constraint_jacobian(system.at(t_i), q_i).T
             bc = bc - W @ (gphi0 @ X["Pg"])
         return grads, bc
 
@@ -288,19 +294,8 @@ class DGVI(AbstractContinuousTimeVI):
         not restored).  The velocity need not be tangent: its normal part only shifts the
         gauge part of ``p_z`` (the paper imposes no initial condition on ``p_g``)."""
         if isinstance(system, HolonomicSystem):
-            self._refuse_rheonomic(system, q0)
             return cons.check_consistent(system, q0, v0, tol, velocity=False)
         return q0, v0
-
-    def _refuse_rheonomic(self, system, q0) -> None:
-        """The constrained scheme of Muehlebach et al. (2016) is written for constraints
-        ``g(q)``: refuse one that reads the clock (decided while tracing)."""
-        if cons.reads_clock(system, q0):
-            raise IncompatibleSystemError(
-                f"{self.name} takes holonomic constraints g(q) that do not depend on time, but "
-                f"{type(system).__name__}.holonomic reads the clock self.time (a rheonomic "
-                f"constraint g(t, q)). Use vijax.HolonomicVPRK or vijax.GalerkinVI, which "
-                f"evaluate it at the time of each node.")
 
     def init_from_momentum(self, system: LagrangianSystem, t0: ScalarLike, q0: Vector,
                            p0: Vector) -> AbstractState:
@@ -314,10 +309,9 @@ class DGVI(AbstractContinuousTimeVI):
                       balance=zero, jump_q=jnp.zeros_like(q0), jump_p=jnp.zeros_like(q0))
         if not isinstance(system, HolonomicSystem):
             return DGState(p=p0, **common)
-        self._refuse_rheonomic(system, q0)
         nc = system.holonomic(q0).shape[0]
         return ConstrainedDGState(p=cons.project_momentum(system.at(t0), q0, p0), pz=p0,
-                                  Pg=jnp.zeros((self.mg, nc), dtype), gap=system.holonomic(q0),
+                                  Pg=jnp.zeros((self.mg, nc), dtype), gap=system.at(t0).holonomic(q0),
                                   **common)
 
     def _predictor(self, state, h, constrained, system):
@@ -333,7 +327,8 @@ class DGVI(AbstractContinuousTimeVI):
             g1 = extrapolation(bg.nodes, ratio, np.ones(1)).astype(dtype)[0]
             X["Pg"] = jnp.asarray(bg.Tinv, dtype) @ (Eg @ state.Pg)
             q1 = e1 @ state.Q
-            X["p1"] = X["p1"] - cons.constraint_jacobian(system, q1).T @ (g1 @ state.Pg)
+            X["p1"] = X["p1"] - cons.constraint_jacobian(system.at(state.t), q1).T @ (
+                g1 @ state.Pg)
         return X
 
     def step(self, system: LagrangianSystem, state: AbstractState, h: ScalarLike, u=None
@@ -373,14 +368,17 @@ class DGVI(AbstractContinuousTimeVI):
         Pg = X["Pg"]
         gphi1 = jnp.asarray(bg.values(1.0)[0], dtype)
         dgphi0 = jnp.asarray(bg.derivs(0.0)[0], dtype) / h
-        W1 = cons.constraint_jacobian(system, q1).T
+        at_t0, at_t1 = system.at(state.t), system.at(state.t + h)
+        W1 = cons.constraint_jacobian(at_t1, q1).T
         pzm = p1m - W1 @ (gphi1 @ Pg)
-        g = system.holonomic
         lhs = (dphi1 @ Q) @ (p1 - pzm) + H(q1, p1m, state.t + h)
-        rhs = (dphi0 @ P) @ (q0p - q_i) - (dgphi0 @ Pg) @ (g(q0p) - g(q_i)) + H(q0p, p0p, state.t)
+        rhs = ((dphi0 @ P) @ (q0p - q_i) - (dgphi0 @ Pg) @ (at_t0.holonomic(q0p)
+                                                          - at_t0.holonomic(q_i))
+               + H(q0p, p0p, state.t))
         return ConstrainedDGState(
             p=cons.project_momentum(system.at(state.t + h), q1, p1), pz=p1,
-            Pg=jnp.asarray(bg.T, dtype) @ Pg, balance=lhs - rhs, jump_p=pzm - p1, gap=g(q1),
+            Pg=jnp.asarray(bg.T, dtype) @ Pg, balance=lhs - rhs, jump_p=pzm - p1,
+            gap=at_t1.holonomic(q1),
             **common)
 
     # -- dense output -----------------------------------------------------------------------
