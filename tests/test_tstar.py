@@ -36,6 +36,7 @@ from vijax.integrators.tstar import (VCG, VRKMK, bernoulli, composition_tableau,
                                      kutta3_tableau, spatial_field, sprk_order, vcg_order,
                                      vcg_order_conditions, vrkmk_order)
 from vijax.systems.rigid import DipoleOnStick, FreeRigidBody, HeavyTop
+from helpers import assert_no_drift
 
 SO3 = vj.lie.SO3()
 pytestmark = pytest.mark.fast_compile  # compile-bound: see tests/conftest.py
@@ -441,14 +442,23 @@ def test_dipole_gravity_sign():
 @pytest.mark.slow
 @pytest.mark.parametrize("key", list(ENERGY_BANDS))
 def test_energy_error_long_time_no_drift(key):
-    """Fig. 3, the cheap variant T = 100, h = 0.01 (10⁴ steps): max|ΔH| in the band, no
-    drift (max over the last tenth ≤ 2 × max over the second tenth, after the build-up),
-    ‖gᵀg − I‖ ≤ 1e-12 at the end."""
-    st, de, jdev = _energy_run(key, 100.0, blocks=10)
+    """Fig. 3, the cheap variant T = 100, h = 0.01 (10⁴ steps in 125 blocks of 0.8): max|ΔH|
+    in the band; no drift after the build-up (t ≥ 20): the linear trend fitted to the blocks'
+    mid-ranges of ``H − H0`` is statistically zero (``|t| < 3``) and accumulates less than
+    0.3 of max|ΔH| (measured: t = 1.28, 0.43, -0.59 and shares 0.14, 0.05, 0.08 for the
+    midpoint rule, Gauss(2), the triple jump; an added drift of 0.4 max|ΔH| over the run
+    gives t = 4.3--6.9); ‖gᵀg − I‖ ≤ 1e-12 at the end."""
+    system, st = dipole_start(key)
+    blocks = 125
+    st, emax, emin, jdev, _, _ = advance(key, system, st, 0.01, 80, blocks)
+    emax, emin = np.asarray(emax[:blocks]), np.asarray(emin[:blocks])
+    de = np.maximum(np.abs(emax), np.abs(emin))
     lo, hi = ENERGY_BANDS[key]
     assert lo <= de.max() <= hi, de
-    assert de[-1] <= 2 * de[1], de
-    assert np.max(jdev[:, 2]) < 1e-12
+    t = 0.8 * (np.arange(blocks) + 0.5)
+    later = t >= 20.0
+    assert_no_drift(t[later], 0.5 * (emax + emin)[later], share=0.3, label=key)
+    assert np.max(np.asarray(jdev[:blocks])[:, 2]) < 1e-12
     assert float(jnp.linalg.norm(st.q.T @ st.q - jnp.eye(3))) < 1e-12
 
 
