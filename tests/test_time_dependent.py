@@ -822,3 +822,18 @@ def test_index_one_equations_default_to_the_system_clock():
     for a, b in zip(vj.constraints.nonholonomic_acceleration(at, q, v),
                     vj.constraints.nonholonomic_acceleration(system, q, v, 0.8)):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-15)
+
+
+class ClockedOscillator(vj.TimeDependentSystem, vj.systems.HarmonicOscillator):
+    """The harmonic oscillator with a clock it does not read."""
+
+
+def test_the_clock_of_a_long_run_does_not_drift():
+    """``simulate`` sets the clock of a system that reads it to ``t0 + k dt`` after step ``k``
+    instead of summing ``dt``: after 2e5 steps from ``t0 = 0.3`` the states' clock is within
+    an ulp of the saved times (the sum was 1.4e-11 off after 1e4 steps and 1.7e-7 after
+    1e6)."""
+    sol = vj.simulate(ClockedOscillator(), vj.VPRK.stormer_verlet(), q0=jnp.array([1.0]),
+                      v0=jnp.array([0.0]), dt=0.01, n_steps=200_000, save_every=10_000, t0=T0)
+    t = np.asarray(sol.t)
+    assert np.max(np.abs(np.asarray(sol.states.t) - t) / np.spacing(t)) <= 1.0

@@ -23,7 +23,8 @@ from ._typing import ScalarLike, Times, VectorLike
 from .integrators._base import AbstractDenseIntegrator, AbstractIntegrator, registry
 from .interpolation import DenseInterpolation, DenseOutput
 from .solvers import STAGE_ROOT, ConvergenceError
-from .systems import ForcedSystem, LagrangianSystem, LieGroupSystem, MechanicalSystem
+from .systems import (ForcedSystem, LagrangianSystem, LieGroupSystem, MechanicalSystem,
+                      TimeDependentSystem)
 
 __all__ = ["simulate", "Solution", "StepStats", "PrecisionWarning"]
 
@@ -572,12 +573,27 @@ def _differentiable_saves_jvp(primals, tangents, *, integrator, n_saves, save_ev
     return jax.jvp(run, [leaves[i] for i in moving], [t_leaves[i] for i in moving])
 
 
+def _on_clock(system, state, t0, dt, k):
+    """``state`` with its clock set to ``t0 + k dt`` (``k`` the steps taken) for a system
+    that reads the clock (a :class:`TimeDependentSystem`, a :class:`ForcedSystem`): the
+    clock of every step is then within an ulp of its time on the saved grid, instead of a
+    sum of ``k`` increments ``t + dt`` whose round-off accumulates (Stormer--Verlet,
+    dt = 0.01 from t0 = 0.3: 1.4e-11 off after 1e4 steps, 1.7e-7 after 1e6; 1 ulp with the
+    clock set), which a time-dependent Lagrangian, a force or a rheonomic constraint reads.
+    Other systems keep the sum: setting the clock costs two kernels per step on XLA:CPU
+    (Kepler's step 23 -> 25), and nothing of theirs reads it."""
+    if not isinstance(system, (TimeDependentSystem, ForcedSystem)):
+        return state
+    return eqx.tree_at(lambda s: s.t, state, t0 + dt * k.astype(dt.dtype))
+
+
 def _saves_impl(integrator, system, state0, dt, U, n_saves: int, save_every: int,
                 dense: bool, checkpointed: bool, remat: bool):
     zero = _block_start(state0.p.dtype)
 
     def advance(k, state):
-        return _advance(integrator, system, state, dt, None if U is None else U[k])
+        new, st = _advance(integrator, system, state, dt, None if U is None else U[k])
+        return _on_clock(system, new, state0.t, dt, k + 1), st
 
     # ``remat`` (the layout store_all differentiates): each step is rematerialised, so what a
     # step stores for the backward pass is its input state (and control), not its
@@ -677,7 +693,7 @@ def _reversible_fwd(perturbed, diff, integrator, n_saves, save_every):
 
 @_reversible_saves.def_bwd
 def _reversible_bwd(res, grad_obj, perturbed, diff, integrator, n_saves, save_every):
-    system, _, dt, U = diff
+    system, state0, dt, U = diff
     saved, converged = res
     states_ct = grad_obj[0]
     # cotangents of the saved states (zero where a field was not differentiated)
@@ -703,6 +719,7 @@ def _reversible_bwd(res, grad_obj, perturbed, diff, integrator, n_saves, save_ev
         state, ok, ct, g_dyn, g_dt, g_U = carry
         u = None if U is None else U[k]
         prev, st = _advance(step_back, system, state, -dt, _reverse_nodes(u))
+        prev = _on_clock(system, prev, state0.t, dt, k)   # the clock of the forward run
         if u is None:
             _, vjp = jax.vjp(lambda d, h, x: forward(d, h, None, x), dyn, dt, prev)
             d_dyn, d_dt, ct = vjp(ct)
@@ -748,7 +765,7 @@ def _run_impl(system, integrator, q0, v0, t0, dt, U, n_saves: int, save_every: i
     states = jax.tree_util.tree_map(
         lambda a, b: jnp.concatenate([a[None], b]), state0, states)
     v = jax.vmap(lambda s: integrator.velocity(system, s))(states)
-    t = t0 + dt * jnp.arange(n_saves + 1, dtype=t0.dtype) * save_every
+    t = t0 + dt * (jnp.arange(n_saves + 1, dtype=t0.dtype) * save_every)   # (as _on_clock)
     interp = None
     if dense:
         flat = lambda x: x.reshape((n_saves * save_every,) + x.shape[2:])  # noqa: E731
