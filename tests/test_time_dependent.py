@@ -599,8 +599,10 @@ def test_rheonomic_constraints_hold_at_every_step(make):
     assert np.ptp(radius) > 0.3
 
 
-@pytest.mark.parametrize("make", [vj.HolonomicVPRK.rattle, lambda: vj.HolonomicVPRK.lobatto(3),
-                                  lambda: vj.GalerkinVI.gauss(2)])
+@pytest.mark.parametrize("make", [
+    vj.HolonomicVPRK.rattle,
+    pytest.param(lambda: vj.HolonomicVPRK.lobatto(3), marks=pytest.mark.slow),
+    pytest.param(lambda: vj.GalerkinVI.gauss(2), marks=pytest.mark.slow)])
 def test_rheonomic_step_is_symplectic(make):
     """The step maps ``T*C`` at ``t`` onto ``T*C`` at ``t + h`` symplectically (a discrete
     variational principle with the constraint at its node times): the defect of the
@@ -636,7 +638,9 @@ def test_rheonomic_gradients_match_central_differences(make):
         assert abs(float(g) - fd) <= 1e-6 * max(1.0, abs(fd)), (i, float(g), fd)
 
 
-@pytest.mark.parametrize("make", [vj.HolonomicVPRK.rattle, lambda: vj.GalerkinVI.gauss(2)])
+@pytest.mark.parametrize("make", [
+    vj.HolonomicVPRK.rattle,
+    pytest.param(lambda: vj.GalerkinVI.gauss(2), marks=pytest.mark.slow)])
 def test_rheonomic_adjoints_agree(make):
     """``checkpointed`` and ``reversible`` (the steps taken back with ``-dt`` through the
     clock of the constraint) give the ``store_all`` gradient with respect to the spin rate

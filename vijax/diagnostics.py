@@ -15,7 +15,8 @@ from . import _xla, constraints
 from ._typing import BoolScalar, Scalar, ScalarLike, Times, Vector, VectorLike
 from .integrators._base import AbstractIntegrator, AbstractState
 from .simulate import Solution
-from .systems import HolonomicSystem, LagrangianSystem, LieGroupSystem
+from .systems import (ForcedSystem, HolonomicSystem, LagrangianSystem, LieGroupSystem,
+                      NonholonomicSystem, TimeDependentSystem)
 
 __all__ = [
     "energy",
@@ -252,15 +253,47 @@ def symplecticity_defect(system: LagrangianSystem, integrator: AbstractIntegrato
 def euler_lagrange_rhs(system: LagrangianSystem,
                        ) -> Callable[[Vector, Vector], tuple[Vector, Vector]]:
     """First-order form ``(q, v)' = (v, a)`` of the Euler--Lagrange equations, by autodiff:
-    ``d2L/dv2 a = D1L - (d2L/dv dq) v - ∂(D2L)/∂t``, with the system's
+    ``d2L/dv2 a = D1L - (d2L/dv dq) v - ∂(D2L)/∂t + F - G^T λ``, with the system's
     ``inverse_velocity_hessian`` (closed forms up to 3x3, no LAPACK call).  Used for reference
     solutions and as the vector field of peer solvers in the benchmarks.  ``rhs(q, v, t=None)``:
-    the time ``t`` is needed (and used) only by a :class:`vijax.TimeDependentSystem`."""
+    the time ``t`` (default: the system's clock, ``system.time``, or 0) is read by a
+    :class:`vijax.TimeDependentSystem` and by the force.
+
+    Every capability of the system enters: the force ``F(t, q, v, u)`` of a
+    :class:`vijax.ForcedSystem` (with zero controls), the multiplier of a
+    :class:`vijax.HolonomicSystem` (:func:`vijax.constraints.multiplier`, rheonomic
+    constraints included: the index-1 form, exact on the constraint manifold, whose
+    numerical solution drifts off it at the integrator's tolerance), and the nonholonomic
+    equations of a :class:`vijax.NonholonomicSystem`
+    (:func:`vijax.constraints.nonholonomic_acceleration`).  A :class:`vijax.LieGroupSystem` is
+    refused: its equations live on the group
+    (:func:`vijax.integrators.lie.euler_poincare`)."""
+    if isinstance(system, LieGroupSystem):
+        raise TypeError(
+            f"euler_lagrange_rhs takes a vector configuration; {type(system).__name__} is a "
+            f"Lie-group system: use vijax.integrators.lie.euler_poincare(system, t, g, xi) for "
+            f"its (constrained, forced) Euler--Poincaré equations.")
+
+    def force(sys, t, q, v):
+        if not isinstance(system, ForcedSystem):
+            return None
+        u = jnp.zeros((system.control_dim,), q.dtype) if system.control_dim else None
+        return sys.force(t, q, v, u)
 
     def rhs(q, v, t=None):
         sys = system if t is None else system.at(t)
+        clock = jnp.asarray(sys.time if isinstance(sys, TimeDependentSystem) else 0.0,
+                            q.dtype)
+        if isinstance(system, NonholonomicSystem):
+            return v, constraints.nonholonomic_acceleration(sys, q, v, clock)[0]
         mixed = jax.jacfwd(sys.momentum, argnums=0)(q, v)
         f = sys.d1_lagrangian(q, v) - mixed @ v - sys.momentum_rate(q, v)
+        F = force(sys, clock, q, v)
+        if F is not None:
+            f = f + F
+        if isinstance(system, HolonomicSystem):
+            lam = constraints.multiplier(sys, q, v, F)
+            f = f - constraints.constraint_jacobian(sys, q).T @ lam
         return v, sys.inverse_velocity_hessian(q, v) @ f
 
     return rhs
@@ -270,8 +303,10 @@ def reference_solution(system: LagrangianSystem, q0: VectorLike, v0: VectorLike,
                        *, rtol: float = 3e-14, atol: float = 1e-16, t0: float = 0.0,
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """High-accuracy ``(q, v, p)`` at ``t0 + t_final`` from scipy's DOP853 on the
-    Euler--Lagrange equations (an independent reference for convergence studies; needs
-    ``scipy``).
+    Euler--Lagrange equations (:func:`euler_lagrange_rhs`: forces with zero controls,
+    holonomic and nonholonomic constraints in their index-1 form, the clock of a
+    time-dependent system); an independent reference for convergence studies; needs
+    ``scipy``.
 
     Accurate to about 1e-12 on smooth problems over a few periods (the Kepler orbit with
     e = 0.5 over one period: ~1e-12); use an exact solution where one is known to measure
