@@ -119,7 +119,8 @@ def main():
         return
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for r in runs:
-        a.semilogy(r["t"][1:], np.abs(r["dJ"][1:]) + 1e-17, lw=0.6, label=f"{r['method']}: |J - J0|")
+        a.semilogy(r["t"][1:], np.abs(r["dJ"][1:]) + 1e-17, lw=0.6,
+                   label=f"{r['method']}: |J - J0|")
     a.semilogy(runs[0]["t"][1:], np.abs(runs[0]["dE"][1:]) + 1e-17, lw=0.4, color="gray",
                label="|E - E0| (driven)")
     a.set_xlabel("t")

@@ -72,6 +72,31 @@ class SpringPendulum(vj.MechanicalSystem, vj.HolonomicSystem):
         return jnp.atleast_1d(0.5 * (q @ q - self.l ** 2))
 
 
+class PinnedBody(vj.LieGroupSystem, vj.HolonomicSystem):
+    """A free rigid body on SE(3) (centre of mass at the body origin, central inertia I_c) in
+    gravity, with its body point p pinned at the origin: Φ(g) = x + R p = 0.  It is the heavy
+    top with inertia I_c + m(|p|² I - p pᵀ) about the pin and centre of mass -p."""
+
+    inertia: tuple = (0.5, 0.8, 1.2)
+    mass: float = 1.0
+    gravity: float = 1.0
+    pin: tuple = (0.0, 0.0, -1.0)
+    quadratic_in_velocity = True
+
+    @property
+    def group(self):
+        return vj.lie.SE3()
+
+    def lagrangian(self, g, xi):
+        v, w = xi[:3], xi[3:]
+        return (0.5 * self.mass * jnp.dot(v, v)
+                + 0.5 * jnp.sum(jnp.asarray(self.inertia, xi.dtype) * w ** 2)
+                - self.mass * self.gravity * g[2, 3])
+
+    def holonomic(self, g):
+        return g[:3, 3] + g[:3, :3] @ jnp.asarray(self.pin, g.dtype)
+
+
 class Reference(NamedTuple):
     q: np.ndarray    # (..., 2)
     v: np.ndarray    # (..., 2)

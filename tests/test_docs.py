@@ -17,6 +17,14 @@ def python_blocks(markdown: str, heading: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
 
 
+def run_section(page: str, heading: str, checks: str, prefix: str = ""):
+    """The one ``python`` block under ``heading`` of ``page`` (a path from the repository
+    root), after ``prefix`` and followed by ``checks`` (NumPy imported), in a fresh process."""
+    blocks = python_blocks((ROOT / page).read_text(), heading)
+    assert len(blocks) == 1
+    return run_python(prefix + blocks[0] + "\nimport numpy as np\n" + checks)
+
+
 def run_python(code: str) -> subprocess.CompletedProcess:
     """``code`` in a fresh interpreter from the repository root; fails the test on an error."""
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -42,26 +50,18 @@ def test_minimal_method_family_of_the_concepts_page_runs():
 def test_forcing_page_example_runs():
     """The quick start of docs/forcing.md: a controlled, damped pendulum and the gradient of a
     loss with respect to its per-stage controls."""
-    blocks = python_blocks((ROOT / "docs" / "forcing.md").read_text(), "# Forces and controls")
-    assert len(blocks) == 1
-    code = blocks[0] + (
-        "\nimport numpy as np\n"
-        "assert sol.q.shape == (101, 1) and U.shape == (100, 2, 1)\n"
-        "assert np.all(np.isfinite(dU)) and float(np.max(np.abs(dU))) > 0\n")
-    run_python(code)
+    run_section("docs/forcing.md", "# Forces and controls",
+                "assert sol.q.shape == (101, 1) and U.shape == (100, 2, 1)\n"
+                "assert np.all(np.isfinite(dU)) and float(np.max(np.abs(dU))) > 0\n")
 
 
 def test_time_dependent_example_runs():
     """The Kapitza pendulum of docs/forcing.md stays upright."""
-    blocks = python_blocks((ROOT / "docs" / "forcing.md").read_text(),
-                           "## Explicitly time-dependent Lagrangians")
-    assert len(blocks) == 1
-    code = ("import jax, jax.numpy as jnp\njax.config.update('jax_enable_x64', True)\n"
-            "import vijax as vj\n" + blocks[0] +
-            "\nimport numpy as np\n"
-            "assert sol.q.shape == (3001, 1)\n"
-            "assert float(np.max(np.abs(sol.q[:, 0] - np.pi))) < 0.3\n")
-    run_python(code)
+    run_section("docs/forcing.md", "## Explicitly time-dependent Lagrangians",
+                "assert sol.q.shape == (3001, 1)\n"
+                "assert float(np.max(np.abs(sol.q[:, 0] - np.pi))) < 0.3\n",
+                prefix="import jax, jax.numpy as jnp\njax.config.update('jax_enable_x64', True)\n"
+                       "import vijax as vj\n")
 
 
 def test_order_table_example_loads_the_study_design_of_the_tests():
@@ -87,22 +87,15 @@ def test_readme_quick_start_runs():
 def test_lie_group_page_example_runs():
     """The satellite of docs/lie_groups.md: a controlled rigid body on SO(3) stays on the
     group."""
-    blocks = python_blocks((ROOT / "docs" / "lie_groups.md").read_text(), "## Systems on a group")
-    assert len(blocks) == 1
-    code = blocks[0] + (
-        "\nimport numpy as np\n"
-        "assert sol.q.shape == (201, 3, 3) and sol.p.shape == (201, 3)\n"
-        "R = np.asarray(sol.q)\n"
-        "assert np.max(np.abs(np.einsum('kji,kjl->kil', R, R) - np.eye(3))) < 1e-13\n")
-    run_python(code)
+    run_section("docs/lie_groups.md", "## Systems on a group",
+                "assert sol.q.shape == (201, 3, 3) and sol.p.shape == (201, 3)\n"
+                "R = np.asarray(sol.q)\n"
+                "assert np.max(np.abs(np.einsum('kji,kjl->kil', R, R) - np.eye(3))) < 1e-13\n")
 
 
 def test_rheonomic_example_of_the_forcing_page_runs():
-    blocks = python_blocks((ROOT / "docs" / "forcing.md").read_text(), "## Rheonomic constraints")
-    assert len(blocks) == 1
-    code = blocks[0] + (
-        "\nimport numpy as np\n"
-        "r = 1.0 + 0.2 * np.sin(2.0 * np.asarray(sol.t))\n"
-        "assert np.max(np.abs(np.linalg.norm(sol.q, axis=1) - r)) < 1e-13\n"
-        "assert np.ptp(r) > 0.3\n")
-    run_python(code)
+    """The bead on the breathing hoop of docs/forcing.md stays on the hoop."""
+    run_section("docs/forcing.md", "## Rheonomic constraints",
+                "r = 1.0 + 0.2 * np.sin(2.0 * np.asarray(sol.t))\n"
+                "assert np.max(np.abs(np.linalg.norm(sol.q, axis=1) - r)) < 1e-13\n"
+                "assert np.ptp(r) > 0.3\n")

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import SpringPendulum, drift_measures
+from helpers import PinnedBody, SpringPendulum, drift_measures
 
 import vijax as vj
 
@@ -590,31 +590,6 @@ def test_bad_input_names_the_fix():
 # --------------------------------------------------------------------------------------------
 # Holonomic constraints on a group: the heavy top as a constrained rigid body on SE(3)
 # --------------------------------------------------------------------------------------------
-class _PinnedBody(vj.LieGroupSystem, vj.HolonomicSystem):
-    """A free rigid body on SE(3) (centre of mass at the body origin, central inertia I_c) in
-    gravity, with its body point p pinned at the origin: Φ(g) = x + R p = 0.  It is the heavy
-    top with inertia I_c + m(|p|² I - p pᵀ) about the pin and centre of mass -p."""
-
-    inertia: tuple = (0.5, 0.8, 1.2)
-    mass: float = 1.0
-    gravity: float = 1.0
-    pin: tuple = (0.0, 0.0, -1.0)
-    quadratic_in_velocity = True
-
-    @property
-    def group(self):
-        return vj.lie.SE3()
-
-    def lagrangian(self, g, xi):
-        v, w = xi[:3], xi[3:]
-        return (0.5 * self.mass * jnp.dot(v, v)
-                + 0.5 * jnp.sum(jnp.asarray(self.inertia, xi.dtype) * w ** 2)
-                - self.mass * self.gravity * g[2, 3])
-
-    def holonomic(self, g):
-        return g[:3, 3] + g[:3, :3] @ jnp.asarray(self.pin, g.dtype)
-
-
 def test_holonomic_constraints_on_se3_give_the_heavy_top():
     """GroupVPRK.lobatto(s) on SE(3) with the pin constraint (their §6.3: stage constraints
     and the tangency condition at the node) converges at order 2s - 2 to the heavy top on SO(3)
@@ -623,7 +598,7 @@ def test_holonomic_constraints_on_se3_give_the_heavy_top():
     multiplier carried in the state (the last stage's Λ^s) converges at order s - 1 only, as
     the raw node multiplier of the vector-space HolonomicVPRK does (test_holonomic.py): it is
     the predictor's start, not a node approximation of the method's order."""
-    pinned = _PinnedBody()
+    pinned = PinnedBody()
     m, p = pinned.mass, np.asarray(pinned.pin)
     Ic = np.diag(pinned.inertia)
     Io = Ic + m * (p @ p * np.eye(3) - np.outer(p, p))

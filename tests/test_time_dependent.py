@@ -45,7 +45,7 @@ import pytest
 from scipy.integrate import solve_ivp
 
 import vijax as vj
-from helpers import assert_no_drift
+from helpers import PinnedBody, assert_no_drift
 
 pytestmark = pytest.mark.fast_compile  # compile-bound: see tests/conftest.py
 
@@ -397,13 +397,9 @@ TOP_G0 = np.asarray(vj.lie.SO3().exp(jnp.array([0.4, -0.2, 0.1])))
 TOP_XI0 = np.array([0.6, -0.3, 2.0])
 
 
-@functools.lru_cache(maxsize=None)
-def top_reference():
-    """``(g, μ̄)`` at ``T0 + T_SPAN`` from DOP853 on ``ġ = g ξ̂`` (the rotation matrix's nine
-    entries) and the time-dependent Euler--Poincaré equation
-    (:func:`vijax.integrators.lie.euler_poincare`, which differentiates ``∂D2ℓ/∂t`` and the
-    clock-dependent potential by autodiff)."""
-    system = PulsedTop()
+def rotation_reference(system, g0, xi0):
+    """``(g, ξ)`` at ``T0 + T_SPAN`` of a system on SO(3): DOP853 on ``ġ = g ξ̂`` (the rotation
+    matrix's nine entries) and the (time-dependent) Euler--Poincaré equation."""
     G = system.group
 
     @jax.jit
@@ -412,8 +408,18 @@ def top_reference():
         return jnp.concatenate([(g @ G.hat(xi)).ravel(),
                                 vj.integrators.lie.euler_poincare(system, t, g, xi)])
 
-    y = dop853(rhs, np.concatenate([TOP_G0.ravel(), TOP_XI0]))
-    g, xi = y[:9].reshape(3, 3), y[9:]
+    y = dop853(rhs, np.concatenate([np.asarray(g0).ravel(), np.asarray(xi0)]))
+    return y[:9].reshape(3, 3), y[9:]
+
+
+@functools.lru_cache(maxsize=None)
+def top_reference():
+    """``(g, μ̄)`` at ``T0 + T_SPAN`` from DOP853 on ``ġ = g ξ̂`` (the rotation matrix's nine
+    entries) and the time-dependent Euler--Poincaré equation
+    (:func:`vijax.integrators.lie.euler_poincare`, which differentiates ``∂D2ℓ/∂t`` and the
+    clock-dependent potential by autodiff)."""
+    system = PulsedTop()
+    g, xi = rotation_reference(system, TOP_G0, TOP_XI0)
     mu = system.at(jnp.asarray(T0 + T_SPAN)).momentum(jnp.asarray(g), jnp.asarray(xi))
     return g, np.asarray(mu)
 
@@ -610,25 +616,13 @@ def pivot(t, derivative=0):
     return jnp.stack([SHAKE_A * f, 0.0 * f, 0.0 * f])
 
 
-class ShakenPinnedBody(vj.LieGroupSystem, vj.TimeDependentSystem, vj.HolonomicSystem):
+class ShakenPinnedBody(PinnedBody, vj.TimeDependentSystem):
     """A rigid body on SE(3) (centre of mass at the body origin, central inertia ``I_c``) in
     gravity, its body point ``p`` pinned to a pivot moved along ``c(t)``: the rheonomic
     constraint ``Φ(t, g) = x + R p - c(t)`` on a group."""
 
-    inertia: tuple = (0.5, 0.8, 1.2)
-    quadratic_in_velocity = True
-
-    @property
-    def group(self):
-        return vj.lie.SE3()
-
-    def lagrangian(self, g, xi):
-        v, w = xi[:3], xi[3:]
-        return (0.5 * jnp.dot(v, v) + 0.5 * jnp.sum(jnp.asarray(self.inertia, xi.dtype) * w ** 2)
-                - g[2, 3])
-
     def holonomic(self, g):
-        return g[:3, 3] + g[:3, :3] @ jnp.asarray(PIN, g.dtype) - pivot(self.time)
+        return PinnedBody.holonomic(self, g) - pivot(self.time)
 
 
 class ShakenTop(vj.systems.HeavyTop, vj.TimeDependentSystem):
@@ -646,22 +640,14 @@ def test_rheonomic_constraint_on_a_group_gives_the_shaken_top():
     """``GroupVPRK.lobatto(s)`` (Cayley) on SE(3) with the moving pin converges at order
     ``2s - 2`` to the shaken heavy top on SO(3) (DOP853 on ``ġ = g ξ̂`` and the time-dependent
     Euler--Poincaré equations), and keeps ``Φ(t, g) = 0`` at round-off."""
-    body = ShakenPinnedBody()
+    body = ShakenPinnedBody(pin=PIN)
     p = np.asarray(PIN)
     Io = np.diag(body.inertia) + (p @ p * np.eye(3) - np.outer(p, p))
-    top = ShakenTop(inertia=tuple(np.diag(Io)), mass=1.0, gravity=1.0, com=tuple(-p))
+    top = ShakenTop(inertia=tuple(np.diag(Io)), mass=body.mass, gravity=body.gravity,
+                    com=tuple(-p))
     R0 = vj.lie.SO3().exp(jnp.array([0.5, 0.1, 0.0]))
     w0 = jnp.array([0.3, -0.2, 1.5])
-    G = top.group
-
-    @jax.jit
-    def rhs(t, y):
-        g, xi = y[:9].reshape(3, 3), y[9:]
-        return jnp.concatenate([(g @ G.hat(xi)).ravel(),
-                                vj.integrators.lie.euler_poincare(top, t, g, xi)])
-
-    R_ref = dop853(rhs, np.concatenate([np.asarray(R0).ravel(), np.asarray(w0)]))[:9]
-    R_ref = R_ref.reshape(3, 3)
+    R_ref = rotation_reference(top, R0, w0)[0]
     g0 = vj.lie.SE3.from_rotation_translation(R0, pivot(T0) - R0 @ jnp.asarray(p))
     xi0 = jnp.concatenate([R0.T @ pivot(T0, 1) + jnp.cross(jnp.asarray(p), w0), w0])
     at_end = body.at(jnp.asarray(T0 + T_SPAN))

@@ -310,8 +310,9 @@ class DGVI(AbstractContinuousTimeVI):
         if not isinstance(system, HolonomicSystem):
             return DGState(p=p0, **common)
         nc = system.holonomic(q0).shape[0]
-        return ConstrainedDGState(p=cons.project_momentum(system.at(t0), q0, p0), pz=p0,
-                                  Pg=jnp.zeros((self.mg, nc), dtype), gap=system.at(t0).holonomic(q0),
+        at_t0 = system.at(t0)
+        return ConstrainedDGState(p=cons.project_momentum(at_t0, q0, p0), pz=p0,
+                                  Pg=jnp.zeros((self.mg, nc), dtype), gap=at_t0.holonomic(q0),
                                   **common)
 
     def _predictor(self, state, h, constrained, system):
