@@ -57,9 +57,14 @@ def constraint_jacobian(system: HolonomicSystem, q: Vector) -> Float[Array, "m n
     return jax.jacfwd(system.holonomic)(q)
 
 
-def _clock(system, q):
-    """The clock of ``system`` in the dtype of ``q`` (an array or a group element)."""
-    return jnp.asarray(system.time, jax.tree_util.tree_leaves(q)[0].dtype)
+def _clock(system, q, t=None):
+    """``t``, or when it is ``None`` the clock of ``system`` (``system.time`` of a
+    :class:`vijax.TimeDependentSystem`, 0 otherwise), in the dtype of ``q`` (an array or a
+    group element)."""
+    from .systems import TimeDependentSystem  # the systems build on this module
+    if t is None:
+        t = system.time if isinstance(system, TimeDependentSystem) else 0.0
+    return jnp.asarray(t, jax.tree_util.tree_leaves(q)[0].dtype)
 
 
 def reads_clock(system: HolonomicSystem, q) -> bool:
@@ -229,14 +234,25 @@ def multiplier(system: HolonomicSystem, q: Vector, v: Vector,
     ``f = D1L - (d D2L / dq) v - ∂(D2L)/∂t + F`` (Wenger, Ober-Blöbaum & Leyendecker (2017),
     eq. (70); ``∂(D2L)/∂t`` for a :class:`vijax.TimeDependentSystem` at its ``time``; ``F``
     the value of the generalised force of a :class:`vijax.ForcedSystem` at ``(t, q, v, u)``,
-    when given).
+    when given).  For a rheonomic constraint ``G_q(v, v)`` becomes the second derivative of
+    ``g(t + s, q + s v)`` in ``s``, ``G_q(v, v) + 2 ∂_t G v + ∂²g/∂t²``.
     """
-    G = constraint_jacobian(system, q)
-    hinv = system.inverse_velocity_hessian(q, v)
-    mixed = jax.jacfwd(system.momentum, argnums=0)(q, v)
-    f = system.d1_lagrangian(q, v) - mixed @ v - system.momentum_rate(q, v)
+    f = _lagrangian_force(system, q, v)
     if force is not None:
         f = f + force
+    return _multiplier_of(system, q, v, f, constraint_jacobian(system, q),
+                          system.inverse_velocity_hessian(q, v))
+
+
+def _lagrangian_force(system, q, v):
+    """``D1L - (d D2L/dq) v - ∂(D2L)/∂t`` at the clock of ``system``: the unconstrained,
+    unforced motion is ``H a`` = this, ``H = d2L/dv2``."""
+    mixed = jax.jacfwd(system.momentum, argnums=0)(q, v)
+    return system.d1_lagrangian(q, v) - mixed @ v - system.momentum_rate(q, v)
+
+
+def _multiplier_of(system, q, v, f, G, hinv):
+    """:func:`multiplier` from the force ``f`` (``H a = f - Gᵀλ``), ``G`` and ``H^{-1}``."""
     if reads_clock(system, q):
         t = _clock(system, q)
 
@@ -321,32 +337,16 @@ __all__ += ["nonholonomic_acceleration", "nonholonomic_multiplier",
             "check_nonholonomic_consistent"]
 
 
-def _time_or_clock(system, q, t):
-    """``t``, or when it is ``None`` the clock of a :class:`vijax.TimeDependentSystem` (0 for
-    an autonomous system)."""
-    from .systems import TimeDependentSystem  # the systems build on this module
-    if t is None:
-        return jnp.asarray(system.time if isinstance(system, TimeDependentSystem) else 0.0,
-                           q.dtype)
-    return jnp.asarray(t, q.dtype)
-
-
-def _free_acceleration_terms(system, q, v, t, u):
-    """``(H, f)`` with ``H = d2L/dv2`` and ``f = D1L - (d D2L/dq) v - ∂_t D2L (+ F)``, so that
-    the unconstrained motion is ``H a = f``."""
-    from .systems import ForcedSystem, TimeDependentSystem  # the systems build on this module
-    t = _time_or_clock(system, q, t)
-    sys_t = system.at(t)
-    hess = sys_t.velocity_hessian(q, v)
-    mixed = jax.jacfwd(sys_t.momentum, argnums=0)(q, v)
-    f = sys_t.d1_lagrangian(q, v) - mixed @ v
-    if isinstance(system, TimeDependentSystem):
-        f = f - jax.jvp(lambda s: system.at(s).momentum(q, v), (t,), (jnp.ones_like(t),))[1]
+def _generalised_force(system, q, v, t, u):
+    """``f = D1L - (d D2L/dq) v - ∂_t D2L (+ F(t, q, v, u))`` at the time ``t`` (zero
+    controls when ``u`` is ``None``), so that the unconstrained motion is ``H a = f``."""
+    from .systems import ForcedSystem  # the systems build on this module
+    f = _lagrangian_force(system.at(t), q, v)
     if isinstance(system, ForcedSystem):
         if u is None and system.control_dim:
             u = jnp.zeros((system.control_dim,), q.dtype)
         f = f + system.force(t, q, v, u)
-    return hess, f
+    return f
 
 
 def nonholonomic_acceleration(system, q: Vector, v: Vector, t=None, u=None
@@ -372,10 +372,11 @@ def nonholonomic_acceleration(system, q: Vector, v: Vector, t=None, u=None
 
 @eqx.filter_jit
 def _nonholonomic_acceleration(system, q, v, t, u):
-    hess, f = _free_acceleration_terms(system, q, v, t, u)
-    t = _time_or_clock(system, q, t)
-    A = system.at(t).constraint_matrix(q, v)
-    hinv = _linalg.inv(hess)
+    t = _clock(system, q, t)
+    sys_t = system.at(t)
+    f = _generalised_force(system, q, v, t, u)
+    A = sys_t.constraint_matrix(q, v)
+    hinv = _linalg.inv(sys_t.velocity_hessian(q, v))
     a_free = hinv @ f
     # D1Φ v + ∂Φ/∂t: the derivative along (q + s v, t + s) (the clock of a
     # TimeDependentSystem; nothing for a system without one)

@@ -15,8 +15,7 @@ from . import _xla, constraints
 from ._typing import BoolScalar, Scalar, ScalarLike, Times, Vector, VectorLike
 from .integrators._base import AbstractIntegrator, AbstractState
 from .simulate import Solution
-from .systems import (ForcedSystem, HolonomicSystem, LagrangianSystem, LieGroupSystem,
-                      NonholonomicSystem, TimeDependentSystem)
+from .systems import HolonomicSystem, LagrangianSystem, LieGroupSystem, NonholonomicSystem
 
 __all__ = [
     "energy",
@@ -274,27 +273,17 @@ def euler_lagrange_rhs(system: LagrangianSystem,
             f"Lie-group system: use vijax.integrators.lie.euler_poincare(system, t, g, xi) for "
             f"its (constrained, forced) Euler--Poincaré equations.")
 
-    def force(sys, t, q, v):
-        if not isinstance(system, ForcedSystem):
-            return None
-        u = jnp.zeros((system.control_dim,), q.dtype) if system.control_dim else None
-        return sys.force(t, q, v, u)
-
     def rhs(q, v, t=None):
-        sys = system if t is None else system.at(t)
-        clock = jnp.asarray(sys.time if isinstance(sys, TimeDependentSystem) else 0.0,
-                            q.dtype)
+        t = constraints._clock(system, q, t)
         if isinstance(system, NonholonomicSystem):
-            return v, constraints.nonholonomic_acceleration(sys, q, v, clock)[0]
-        mixed = jax.jacfwd(sys.momentum, argnums=0)(q, v)
-        f = sys.d1_lagrangian(q, v) - mixed @ v - sys.momentum_rate(q, v)
-        F = force(sys, clock, q, v)
-        if F is not None:
-            f = f + F
+            return v, constraints.nonholonomic_acceleration(system, q, v, t)[0]
+        sys = system.at(t)
+        f = constraints._generalised_force(system, q, v, t, None)
+        hinv = sys.inverse_velocity_hessian(q, v)
         if isinstance(system, HolonomicSystem):
-            lam = constraints.multiplier(sys, q, v, F)
-            f = f - constraints.constraint_jacobian(sys, q).T @ lam
-        return v, sys.inverse_velocity_hessian(q, v) @ f
+            G = constraints.constraint_jacobian(sys, q)
+            f = f - G.T @ constraints._multiplier_of(sys, q, v, f, G, hinv)
+        return v, hinv @ f
 
     return rhs
 

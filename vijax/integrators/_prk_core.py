@@ -180,10 +180,9 @@ def stage_equations(pair: tb.PartitionedTableau, group: AbstractLieGroup,
                      Hp if hamiltonian else V)
         hF = hF + jnp.einsum("imd,im->id", A, jnp.concatenate([(h * state.lam)[None, :], mus]))
     elif mode == "holonomic":
-        # a rheonomic constraint g(t, q) at the stage times (cons.reads_clock: decided while
-        # tracing, so a constraint that does not read the clock is evaluated once, unclocked)
-        g_times = times if cons.reads_clock(system, g) else None
-        J = at_nodes(system, g_times, lambda sy, x: group.left_jacobian(sy.holonomic, x), G)
+        # the constraint at the stage times, as the Lagrangian (a rheonomic g(t, q) reads
+        # them; a clock that is not read leaves the same program)
+        J = at_nodes(system, times, lambda sy, x: group.left_jacobian(sy.holonomic, x), G)
         hF = hF - jnp.einsum("imd,im->id", J, mus)
     # (d^Lτ^{-1}_{-Ξ})* N = (Ad^{-1}_{τ(Ξ)})* (d^Lτ^{-1}_Ξ)* N = Ad*_{τ(Ξ)^{-1}} hF: their
     # eq. (28), no inverse tangent needed
@@ -227,12 +226,12 @@ def stage_equations(pair: tb.PartitionedTableau, group: AbstractLieGroup,
                          jnp.concatenate([state.v[None, :], eta])))
         return (res, phi) + extra_rows, out
     if mode == "holonomic":
-        rows = at_nodes(system, None if g_times is None else g_times[1:],
-                        lambda sy, x: sy.holonomic(x), _rows(G, 1)) / h
+        rows = at_nodes(system, times[1:], lambda sy, x: sy.holonomic(x), _rows(G, 1)) / h
         at_t1 = system.at(state.t + h)
         tangency = group.left_jacobian(at_t1.holonomic, g1) @ extra
-        if g_times is not None:   # G v + ∂g/∂t = 0
-            tangency = tangency + cons.constraint_rate(at_t1, g1)
+        rate = cons.constraint_rate(at_t1, g1)
+        if rate is not None:   # a rheonomic constraint: G v + ∂g/∂t = 0
+            tangency = tangency + rate
         momentum = at_t1.momentum(g1, extra) - mu1
         return (res, rows, momentum, tangency), StepOutput(g1, mu1, extra, F)
     return res, StepOutput(g1, mu1, None, F, V)

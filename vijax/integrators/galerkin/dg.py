@@ -256,8 +256,7 @@ class DGVI(AbstractContinuousTimeVI):
             Bq = jnp.asarray(bq.values(rule.nodes), dtype)
             dBg = jnp.asarray(bg.derivs(rule.nodes), dtype)
             # ∫ p_g · d/dt g(t, q̃(t)) dt by parts; a rheonomic g at the nodes' times
-            times = (t_i + h * jnp.asarray(rule.nodes, dtype)
-                     if cons.reads_clock(system, q_i) else None)
+            times = t_i + h * jnp.asarray(rule.nodes, dtype)
             gvals = at_nodes(system, times, lambda sy, x: sy.holonomic(x), Bq @ Q)  # (k, nc)
             g1, g0 = system.at(t_i + h).holonomic(q1), system.at(t_i).holonomic(q_i)
             G = G + (gphi1 @ Pg) @ g1 - (gphi0 @ Pg) @ g0 \

@@ -354,9 +354,9 @@ class GalerkinVI(AbstractDenseIntegrator):
 
     @staticmethod
     def _constraints(system, q0, Z, h, t0, lf, f):
-        """``g`` at the constraint nodes ``q0 + h lf Z`` (nodes ``f`` of the step), at their
-        times ``t0 + f h`` for a rheonomic constraint (:func:`vijax.constraints.reads_clock`)."""
-        times = (None if t0 is None or not cons.reads_clock(system, q0) else t0 + h * f)
+        """``g`` at the constraint nodes ``q0 + h lf Z`` (nodes ``f`` of the step) and their
+        times ``t0 + f h`` (read by a rheonomic constraint)."""
+        times = None if t0 is None else t0 + h * f
         return at_nodes(system, times, lambda sy, x: sy.holonomic(x), q0[None, :] + h * mm(lf, Z))
 
     def _node_multipliers(self, mu, h, m, dtype):
