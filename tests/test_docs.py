@@ -99,3 +99,52 @@ def test_rheonomic_example_of_the_forcing_page_runs():
                 "r = 1.0 + 0.2 * np.sin(2.0 * np.asarray(sol.t))\n"
                 "assert np.max(np.abs(np.linalg.norm(sol.q, axis=1) - r)) < 1e-13\n"
                 "assert np.ptp(r) > 0.3\n")
+
+
+# --------------------------------------------------------------------------------------------
+# Links
+# --------------------------------------------------------------------------------------------
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _slug(heading: str) -> str:
+    """The anchor GitHub and mkdocs give a heading: lower case, code marks and punctuation
+    dropped, spaces as hyphens."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def _anchors(page: pathlib.Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return ({_slug(re.sub(r"<[^>]*>", "", m)) for m in re.findall(r"^#+ (.*)$", text, flags=re.M)}
+            | set(re.findall(r'<a id="([^"]+)">', text)))
+
+
+def broken_links(page: pathlib.Path, within: pathlib.Path) -> list[str]:
+    """The relative links of ``page`` whose file is missing or outside ``within`` (the
+    documentation site keeps only the pages under docs/), or whose anchor names no heading."""
+    bad = []
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    for target in _LINK.findall(text):
+        if re.match(r"[a-z]+:", target):
+            continue   # an address (https:, mailto:)
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists() or within not in (file, *file.parents):
+            bad.append(target)
+        elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
+            bad.append(target)
+    return bad
+
+
+@pytest.mark.parametrize("page", ["README.md", "benchmarks/README.md"] +
+                         sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
+def test_relative_links_resolve(page):
+    """Every relative link names a file and a heading that exist; a page of the documentation
+    site (docs/) links only inside it (``mkdocs build --strict`` refuses a link out of it: one
+    from holonomic.md to benchmarks/README.md did)."""
+    path = ROOT / page
+    within = ROOT / "docs" if path.parent == ROOT / "docs" else ROOT
+    assert broken_links(path, within) == []
