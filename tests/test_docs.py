@@ -2,6 +2,7 @@
 touching ``simulate`` and works end to end (run in a fresh process, so the example's class does
 not join this process's preset registry)."""
 
+import functools
 import pathlib
 import re
 import subprocess
@@ -116,18 +117,25 @@ def _slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
-def _anchors(page: pathlib.Path) -> set[str]:
-    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
-    return ({_slug(re.sub(r"<[^>]*>", "", m)) for m in re.findall(r"^#+ (.*)$", text, flags=re.M)}
-            | set(re.findall(r'<a id="([^"]+)">', text)))
+@functools.lru_cache(maxsize=None)
+def _prose(page: pathlib.Path) -> str:
+    """``page`` without its code blocks."""
+    return re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+
+
+@functools.lru_cache(maxsize=None)
+def _anchors(page: pathlib.Path) -> frozenset[str]:
+    text = _prose(page)
+    return frozenset({_slug(re.sub(r"<[^>]*>", "", m))
+                      for m in re.findall(r"^#+ (.*)$", text, flags=re.M)}
+                     | set(re.findall(r'<a id="([^"]+)">', text)))
 
 
 def broken_links(page: pathlib.Path, within: pathlib.Path) -> list[str]:
     """The relative links of ``page`` whose file is missing or outside ``within`` (the
     documentation site keeps only the pages under docs/), or whose anchor names no heading."""
     bad = []
-    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
-    for target in _LINK.findall(text):
+    for target in _LINK.findall(_prose(page)):
         if re.match(r"[a-z]+:", target):
             continue   # an address (https:, mailto:)
         path, _, anchor = target.partition("#")
